@@ -1,0 +1,81 @@
+"""Frozen settings for sampling and speculation, validated once with sentences a user can act on."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_NUM_DRAFT_TOKENS = 16  # beyond this, verifying K+1 positions costs more than rejections save
+MAX_NEW_TOKENS_LIMIT = 2048  # keeps a single run bounded in time and memory on a CPU
+MAX_TOP_K = 1_000_000  # larger than any vocabulary; 0 disables top-k
+MAX_REPETITION_PENALTY = 10.0  # beyond this every repeated token is effectively banned
+MAX_TEMPERATURE = 10.0  # beyond this the distribution is uniform noise
+MAX_NGRAM_SIZE = 8
+
+
+def _check_number(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> None:
+    """Raise a ValueError naming `name` unless low <= value <= high (low < value when low_open)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{name} must be a number, got {value!r}.")
+    too_low = value <= low if low_open else value < low
+    if too_low or value > high:
+        left = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {left}{low:g}, {high:g}], got {value!r}.")
+
+
+def _check_int(name: str, value: int, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a whole number, got {value!r}.")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}.")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen; applied identically to the target and to a draft model."""
+
+    temperature: float = 0.0  # 0: greedy (argmax), as generate(do_sample=False)
+    top_k: int = 0  # 0: off, as in transformers
+    top_p: float = 1.0  # 1.0: off
+    repetition_penalty: float = 1.0  # 1.0: off; CTRL-style, on prompt + everything generated so far
+    seed: int = 0  # seeds the run's torch.Generator, so a run is reproducible
+
+    def __post_init__(self) -> None:
+        _check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _check_int("top-k", self.top_k, 0, MAX_TOP_K)
+        _check_number("top-p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_number("repetition penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
+        _check_int("seed", self.seed, 0, 2**63 - 1)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How much to speculate and how long to generate."""
+
+    num_draft_tokens: int = 5  # K; 5 balances acceptance and verify cost for prompt lookup on a CPU
+    max_new_tokens: int = 128
+    max_ngram_size: int = 3  # prompt lookup tries the last 3, then 2, then 1 tokens as the search key
+
+    def __post_init__(self) -> None:
+        _check_int("num-draft-tokens", self.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
+        _check_int("max-new-tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
+        _check_int("max-ngram-size", self.max_ngram_size, 1, MAX_NGRAM_SIZE)
+
+
+def check_prompt(text: str) -> None:
+    """Refuse a prompt with nothing to continue."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("The prompt is empty: type some text for the model to continue.")
+
+
+def check_prompt_fits(num_prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
+    """Refuse a prompt that, with the tokens to generate, would not fit in the model's context."""
+    if num_prompt_tokens + max_new_tokens > context_length:
+        raise ValueError(
+            f"The prompt is {num_prompt_tokens} tokens and max-new-tokens is {max_new_tokens}, but the model's "
+            f"context holds {context_length} tokens: shorten the prompt or lower max-new-tokens."
+        )

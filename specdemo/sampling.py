@@ -1,0 +1,80 @@
+"""Pure: logits -> next-token probabilities with transformers' logits processors, and exact token draws."""
+
+# B = batch, N = positions scored in one pass (K+1 when verifying), T = context length, V = vocab_size
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from specdemo.config import SamplingConfig
+
+Generators = torch.Generator | Sequence[torch.Generator] | None  # one for the batch, or one per row
+
+
+def build_warpers(sampling: SamplingConfig) -> LogitsProcessorList:
+    """The position-independent processors, in the order generate() applies them."""
+    warpers = LogitsProcessorList()
+    if sampling.is_greedy:
+        return warpers
+    if sampling.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_k > 0:
+        warpers.append(TopKLogitsWarper(sampling.top_k))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    return warpers
+
+
+def logits_to_probs(
+    logits: torch.Tensor,  # [B, N, V] scores for N successive positions of one pass
+    context_ids: torch.Tensor,  # [B, T+N-1] position i is conditioned on context_ids[:, :T+i]
+    sampling: SamplingConfig,
+    warpers: LogitsProcessorList,  # build_warpers(sampling), built once per run
+) -> torch.Tensor:  # [B, N, V] float32; one-hot at the argmax when greedy
+    """Apply the user's settings to every position exactly as target-only decoding would."""
+    batch_size, num_positions, vocab_size = logits.shape
+    scores = logits.float()
+    if sampling.repetition_penalty != 1.0:
+        # The penalty reads the prefix, so position i sees prompt + generated + d_1..d_i only.
+        penalty = RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
+        start = context_ids.shape[1] - num_positions + 1
+        scores = torch.stack([penalty(context_ids[:, : start + i], scores[:, i]) for i in range(num_positions)], dim=1)
+    if sampling.is_greedy:
+        greedy_ids = scores.argmax(dim=-1)  # [B, N] first maximum on ties, as generate() does
+        return torch.nn.functional.one_hot(greedy_ids, vocab_size).float()
+    flat = scores.reshape(batch_size * num_positions, vocab_size)  # [B*N, V]
+    flat = warpers(context_ids, flat)  # temperature, top-k and top-p ignore the context
+    return flat.softmax(dim=-1).reshape(batch_size, num_positions, vocab_size)
+
+
+def draw_uniforms(
+    generator: Generators, batch_size: int, num_draws: int, device: torch.device
+) -> torch.Tensor:  # [B, num_draws] float64 in [0, 1)
+    """Uniform draws in float64; with one generator per row, row b depends only on generator b."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(batch_size, num_draws, dtype=torch.float64, generator=generator, device=device)
+    assert len(generator) == batch_size, f"{len(generator)} generators for a batch of {batch_size}"
+    rows = [torch.rand(num_draws, dtype=torch.float64, generator=g, device=device) for g in generator]
+    return torch.stack(rows)
+
+
+def sample_from_probs(
+    probs: torch.Tensor,  # [B, V] non-negative weights, not necessarily normalised
+    uniforms: torch.Tensor,  # [B] float64 in [0, 1)
+) -> torch.Tensor:  # [B] int64
+    """Inverse-CDF draw: the first token whose cumulative weight exceeds u * total; never a zero-weight token."""
+    cdf = probs.double().cumsum(dim=-1)  # [B, V] float64, so a 49k-token tail keeps its precision
+    total = cdf[:, -1:]  # [B, 1]
+    assert bool((total > 0).all()), "sample_from_probs got a row with no probability mass"
+    # Below the total, so the first cdf value above the threshold always exists and is a step up (weight > 0).
+    threshold = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
