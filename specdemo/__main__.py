@@ -1,0 +1,166 @@
+"""Command line: `python -m specdemo generate|bench ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+from specdemo.bench import bench_rejection_sampler, run_bench
+from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, check_prompt_fits
+from specdemo.decoding import Round, autoregressive_generate, speculative_generate
+from specdemo.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model
+from specdemo.render import ansi_text, token_spans
+from specdemo.stats import run_stats
+
+EXIT_BAD_INPUT = 2  # as argparse uses for bad arguments
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdemo", description="Speculative decoding, made visible.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="decode one prompt and show every round")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument(
+        "--target", default=OFFLINE_DEFAULT, help=f"model name, Hub id or directory (default {OFFLINE_DEFAULT})"
+    )
+    generate.add_argument(
+        "--draft", default="ngram", help="'ngram' (prompt lookup) or a draft model name/Hub id/directory"
+    )
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    generate.add_argument("--top-k", type=int, default=0, help="0 = off")
+    generate.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    generate.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off")
+    generate.add_argument("--num-draft-tokens", type=int, default=SpeculativeConfig.num_draft_tokens)
+    generate.add_argument("--max-new-tokens", type=int, default=SpeculativeConfig.max_new_tokens)
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--baseline", action="store_true", help="decode with the target alone")
+    generate.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, no chat template")
+    generate.add_argument("--json", action="store_true", help="print one JSON object instead of coloured text")
+
+    bench = commands.add_parser("bench", help="benchmark against Hugging Face generate, interleaved")
+    bench.add_argument("--target", default=OFFLINE_DEFAULT)
+    bench.add_argument("--num-draft-tokens", type=int, default=SpeculativeConfig.num_draft_tokens)
+    bench.add_argument("--max-new-tokens", type=int, default=SpeculativeConfig.max_new_tokens)
+    bench.add_argument("--repeats", type=int, default=2, help="timed runs of each method per prompt (median)")
+    bench.add_argument("--output", default="bench-results/bench.json", help="where the JSON results go")
+    return parser
+
+
+def round_record(round_: Round) -> dict:
+    return {
+        "draft_token_ids": round_.draft_token_ids,
+        "num_accepted": round_.num_accepted,
+        "next_token_id": round_.next_token_id,
+        "next_kind": round_.next_kind,
+        "target_probs": round_.target_probs,
+        "draft_probs": round_.draft_probs,
+        "acceptance_probs": round_.acceptance_probs,
+        "uniforms": round_.uniforms,
+        "draft_seconds": round_.draft_seconds,
+        "verify_seconds": round_.verify_seconds,
+        "other_seconds": round_.other_seconds,
+    }
+
+
+def make_drafter(name: str, target: LoadedModel, sampling: SamplingConfig, speculative: SpeculativeConfig) -> Drafter:
+    vocab_size = target.model.get_output_embeddings().weight.shape[0]
+    if name == "ngram":
+        return NgramDrafter(vocab_size, speculative.max_ngram_size)
+    draft = target if name == target.name else load_model(name, _progress, target.device)
+    return ModelDrafter(draft.model, sampling, vocab_size)
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)
+    speculative = SpeculativeConfig(num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens)
+    check_prompt(args.prompt)
+    target = load_model(args.target, _progress)
+    prompt_ids = chat_prompt_ids(target, args.prompt, chat=not args.no_chat)  # [1, T]
+    check_prompt_fits(prompt_ids.shape[1], speculative.max_new_tokens, target.context_length)
+    started = time.perf_counter()
+    if args.baseline:
+        rounds = list(
+            autoregressive_generate(
+                target.model, prompt_ids, sampling, speculative.max_new_tokens, target.eos_token_ids
+            )
+        )
+    else:
+        drafter = make_drafter(args.draft, target, sampling, speculative)
+        rounds = list(
+            speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids)
+        )
+    wall_seconds = time.perf_counter() - started
+    generated = [token for round_ in rounds for token in round_.emitted_token_ids]
+    stats = run_stats(rounds)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "target": target.name,
+                    "draft": None if args.baseline else args.draft,
+                    "device": str(target.device),
+                    "prompt_token_ids": prompt_ids[0].tolist(),
+                    "generated_token_ids": generated,
+                    "text": target.tokenizer.decode(generated, skip_special_tokens=True),
+                    "rounds": [round_record(round_) for round_ in rounds],
+                    "stats": {**stats.as_dict(), "wall_seconds": wall_seconds, "engine_seconds": stats.wall_seconds},
+                }
+            )
+        )
+        return 0
+    decode = partial(target.tokenizer.decode, skip_special_tokens=False)
+    print(ansi_text(token_spans(rounds, decode)))
+    print(
+        f"\n{stats.num_generated} tokens in {stats.num_target_forwards} target passes, "
+        f"{stats.tokens_per_second:.1f} tokens/s, acceptance {stats.acceptance_rate:.0%}, "
+        f"{stats.mean_tokens_per_round:.2f} tokens per pass",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {args.repeats}.")
+    speculative = SpeculativeConfig(num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens)
+    target = load_model(args.target, _progress)
+    print(f"Rejection sampler, B=8 K=5 V=49152: {bench_rejection_sampler()}", flush=True)
+    results = run_bench(
+        target,
+        speculative.num_draft_tokens,
+        speculative.max_new_tokens,
+        args.repeats,
+        log=lambda line: print(line, flush=True),
+        header=lambda line: print(line, flush=True),
+    )
+    results["rejection_sampler"] = bench_rejection_sampler()
+    print(json.dumps(results["summary"], indent=2))
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2))
+    print(f"Wrote {output}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command = generate_command if args.command == "generate" else bench_command
+    try:
+        return command(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())
