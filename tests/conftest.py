@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny random Llama models (milliseconds per step) and the real offline SmolLM2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdemo.models import OFFLINE_DEFAULT, LoadedModel, load_model
+
+TINY_VOCAB = 32  # small, so sampled-distribution tests have statistical power with a few thousand runs
+
+
+def tiny_model(seed: int, vocab_size: int = TINY_VOCAB, num_layers: int = 2) -> LlamaForCausalLM:
+    """A random Llama in float64: batched K+1 verification and one-token steps then agree to ~1e-15."""
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float64)
+    with torch.no_grad():  # sharper than the default init, so greedy outputs vary and sampling has structure
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> LlamaForCausalLM:
+    return tiny_model(seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft() -> LlamaForCausalLM:
+    return tiny_model(seed=2, num_layers=1)
+
+
+@pytest.fixture(scope="session")
+def offline_model() -> LoadedModel:
+    return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"))

@@ -1,0 +1,71 @@
+"""The command line: JSON output of a real run, and one clear sentence with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdemo.__main__ import main
+
+PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesday to Thursday."
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--temperature", "-1"], "temperature must be in [0, 10]"),
+        (["--temperature", "nan"], "temperature must be a number"),
+        (["--top-p", "0"], "top-p must be in (0, 1]"),
+        (["--top-p", "1.5"], "top-p must be in (0, 1]"),
+        (["--top-k", "-1"], "top-k must be between 0 and"),
+        (["--repetition-penalty", "0"], "repetition penalty must be in (0, 10]"),
+        (["--num-draft-tokens", "0"], "num-draft-tokens must be between 1 and 16"),
+        (["--num-draft-tokens", "17"], "num-draft-tokens must be between 1 and 16"),
+        (["--max-new-tokens", "0"], "max-new-tokens must be between 1 and 2048"),
+        (["--seed", "-3"], "seed must be between 0 and"),
+        (["--target", "gpt-17"], "Unknown model 'gpt-17'"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_sentence(arguments, message, capsys):
+    assert main(["generate", "--prompt", "hi", *arguments]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and message in error
+
+
+def test_empty_prompt_is_refused(capsys):
+    assert main(["generate", "--prompt", "   "]) == 2
+    assert "The prompt is empty" in capsys.readouterr().err
+
+
+def test_prompt_longer_than_the_context_is_refused(offline_model, capsys):
+    assert main(["generate", "--prompt", "word " * 9000, "--no-chat"]) == 2
+    assert "context holds 8192 tokens: shorten the prompt" in capsys.readouterr().err
+
+
+def test_json_output_of_a_greedy_run_matches_the_baseline(offline_model, capsys):
+    assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "24", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "24", "--json", "--baseline"]) == 0
+    baseline = json.loads(capsys.readouterr().out)
+    assert result["generated_token_ids"] == baseline["generated_token_ids"]
+    assert result["prompt_token_ids"][0] == 1  # the chat template's <|im_start|>
+    assert "Thursday" in result["text"]
+    rounds = result["rounds"]
+    assert sum(r["num_accepted"] + (r["next_token_id"] is not None) for r in rounds) == len(
+        result["generated_token_ids"])
+    assert {r["next_kind"] for r in rounds} <= {"resampled", "bonus", None}
+    assert result["stats"]["num_target_forwards"] == len(rounds) < baseline["stats"]["num_target_forwards"]
+    for key in ("acceptance_rate", "mean_tokens_per_round", "tokens_per_second", "wall_seconds"):
+        assert result["stats"][key] > 0
+
+
+def test_bad_input_gives_no_traceback_in_a_real_process():
+    completed = subprocess.run(
+        [sys.executable, "-m", "specdemo", "generate", "--prompt", "hi", "--top-p", "2"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip() == "error: top-p must be in (0, 1], got 2.0."

@@ -1,0 +1,45 @@
+"""The real SmolLM2-135M-Instruct: greedy speculative output equals target-only and Hugging Face generate."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specdemo.bench import PROMPTS
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.decoding import autoregressive_generate, speculative_generate
+from specdemo.drafters import ModelDrafter, NgramDrafter
+from specdemo.models import chat_prompt_ids
+from specdemo.stats import run_stats
+
+MAX_NEW_TOKENS = 48
+GREEDY = SamplingConfig()
+
+
+def tokens(rounds) -> list[int]:
+    return [token for round_ in rounds for token in round_.emitted_token_ids]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:4] + PROMPTS[6:7], ids=lambda prompt: prompt.name)
+def test_greedy_parity_on_the_real_model(offline_model, prompt):
+    model, eos = offline_model.model, offline_model.eos_token_ids
+    prompt_ids = chat_prompt_ids(offline_model, prompt.text)
+    spec = SpeculativeConfig(num_draft_tokens=5, max_new_tokens=MAX_NEW_TOKENS)
+    rounds = list(speculative_generate(model, NgramDrafter(49152), prompt_ids, GREEDY, spec, eos))
+    baseline = tokens(autoregressive_generate(model, prompt_ids, GREEDY, MAX_NEW_TOKENS, eos))
+    with torch.inference_mode():
+        hf = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
+                            max_new_tokens=MAX_NEW_TOKENS, pad_token_id=2)
+    assert tokens(rounds) == baseline == hf[0, prompt_ids.shape[1]:].tolist()
+
+
+def test_self_drafting_accepts_everything_at_temperature_0(offline_model):
+    """In float64: in float32, K+1-token verification and one-token drafting can flip a near-tie (~1e-6)."""
+    model, eos = copy.deepcopy(offline_model.model).double(), offline_model.eos_token_ids
+    prompt_ids = chat_prompt_ids(offline_model, "What is the capital of France?")
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=24)
+    rounds = list(speculative_generate(model, ModelDrafter(model, GREEDY, 49152), prompt_ids, GREEDY, spec, eos))
+    assert run_stats(rounds).acceptance_rate == 1.0
+    assert "Paris" in offline_model.tokenizer.decode(tokens(rounds))
