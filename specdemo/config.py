@@ -46,6 +46,8 @@ class SamplingConfig:
         _check_number("top-p", self.top_p, 0.0, 1.0, low_open=True)
         _check_number("repetition penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
         _check_int("seed", self.seed, 0, 2**63 - 1)
+        for name in ("temperature", "top_p", "repetition_penalty"):  # transformers' processors refuse ints
+            object.__setattr__(self, name, float(getattr(self, name)))
 
     @property
     def is_greedy(self) -> bool:

@@ -14,15 +14,38 @@ TINY_VOCAB = 32  # small, so sampled-distribution tests have statistical power w
 def tiny_model(seed: int, vocab_size: int = TINY_VOCAB, num_layers: int = 2) -> LlamaForCausalLM:
     """A random Llama in float64: batched K+1 verification and one-token steps then agree to ~1e-15."""
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float64)
     with torch.no_grad():  # sharper than the default init, so greedy outputs vary and sampling has structure
         model.lm_head.weight.mul_(8.0)
     return model.eval()
+
+
+def tv_distance(counts: torch.Tensor, probs: torch.Tensor) -> float:  # [V] counts, [V] probs
+    """Total-variation distance between the empirical distribution of `counts` and `probs`."""
+    counts, probs = counts.double(), probs.double()
+    return 0.5 * float((counts / counts.sum() - probs / probs.sum()).abs().sum())
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:  # [V] counts, [V] probs
+    """Pearson's goodness-of-fit p-value over the cells with probs > 0 (the others must hold no counts)."""
+    counts, probs = counts.double(), probs.double()
+    support = probs > 0
+    expected = counts.sum() * probs[support] / probs[support].sum()
+    chi2 = ((counts[support] - expected) ** 2 / expected).sum()
+    dof = torch.tensor((int(support.sum()) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, chi2 / 2))
 
 
 @pytest.fixture(scope="session")

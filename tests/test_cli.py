@@ -55,7 +55,8 @@ def test_json_output_of_a_greedy_run_matches_the_baseline(offline_model, capsys)
     assert "Thursday" in result["text"]
     rounds = result["rounds"]
     assert sum(r["num_accepted"] + (r["next_token_id"] is not None) for r in rounds) == len(
-        result["generated_token_ids"])
+        result["generated_token_ids"]
+    )
     assert {r["next_kind"] for r in rounds} <= {"resampled", "bonus", None}
     assert result["stats"]["num_target_forwards"] == len(rounds) < baseline["stats"]["num_target_forwards"]
     for key in ("acceptance_rate", "mean_tokens_per_round", "tokens_per_second", "wall_seconds"):
@@ -65,7 +66,9 @@ def test_json_output_of_a_greedy_run_matches_the_baseline(offline_model, capsys)
 def test_bad_input_gives_no_traceback_in_a_real_process():
     completed = subprocess.run(
         [sys.executable, "-m", "specdemo", "generate", "--prompt", "hi", "--top-p", "2"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert completed.returncode == 2
     assert completed.stderr.strip() == "error: top-p must be in (0, 1], got 2.0."

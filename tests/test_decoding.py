@@ -10,7 +10,7 @@ from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.sampling import build_warpers, logits_to_probs
 from specdemo.stats import run_stats
-from tests.conftest import TINY_VOCAB
+from tests.conftest import TINY_VOCAB, chi_square_pvalue, tv_distance
 
 NO_EOS: frozenset[int] = frozenset()
 PROMPT = torch.tensor([[0, 5, 9, 5, 9, 12, 7, 5, 9]])  # repeats, so prompt lookup finds n-grams
@@ -22,19 +22,27 @@ def generated(rounds) -> list[int]:
 
 def hf_greedy(model, prompt_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
     with torch.inference_mode():
-        output = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
-                                max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=1)
-    return output[0, prompt_ids.shape[1]:].tolist()
+        output = model.generate(
+            prompt_ids,
+            attention_mask=torch.ones_like(prompt_ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            pad_token_id=1,
+        )
+    return output[0, prompt_ids.shape[1] :].tolist()
 
 
 @pytest.mark.parametrize("num_draft_tokens", [1, 3, 5])
 def test_greedy_parity_model_drafter(tiny_target, tiny_draft, num_draft_tokens):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=num_draft_tokens, max_new_tokens=40)
     baseline = generated(autoregressive_generate(tiny_target, PROMPT, greedy, 40, NO_EOS))
-    same_model = list(speculative_generate(
-        tiny_target, ModelDrafter(tiny_target, greedy, TINY_VOCAB), PROMPT, greedy, spec, NO_EOS))
-    unrelated = list(speculative_generate(
-        tiny_target, ModelDrafter(tiny_draft, greedy, TINY_VOCAB), PROMPT, greedy, spec, NO_EOS))
+    same_model = list(
+        speculative_generate(tiny_target, ModelDrafter(tiny_target, greedy, TINY_VOCAB), PROMPT, greedy, spec, NO_EOS)
+    )
+    unrelated = list(
+        speculative_generate(tiny_target, ModelDrafter(tiny_draft, greedy, TINY_VOCAB), PROMPT, greedy, spec, NO_EOS)
+    )
     assert generated(same_model) == baseline == hf_greedy(tiny_target, PROMPT, 40)
     assert generated(unrelated) == baseline
     # draft == target: everything accepted; an unrelated random draft: most drafts refused
@@ -55,12 +63,20 @@ def test_greedy_parity_with_repetition_penalty(tiny_target, tiny_draft):
     penalised = SamplingConfig(repetition_penalty=1.5)
     spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=30)
     baseline = generated(autoregressive_generate(tiny_target, PROMPT, penalised, 30, NO_EOS))
-    rounds = speculative_generate(tiny_target, ModelDrafter(tiny_draft, penalised, TINY_VOCAB), PROMPT, penalised,
-                                  spec, NO_EOS)
+    rounds = speculative_generate(
+        tiny_target, ModelDrafter(tiny_draft, penalised, TINY_VOCAB), PROMPT, penalised, spec, NO_EOS
+    )
     with torch.inference_mode():
-        hf = tiny_target.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), do_sample=False,
-                                  repetition_penalty=1.5, max_new_tokens=30, min_new_tokens=30, pad_token_id=1)
-    assert generated(rounds) == baseline == hf[0, PROMPT.shape[1]:].tolist()
+        hf = tiny_target.generate(
+            PROMPT,
+            attention_mask=torch.ones_like(PROMPT),
+            do_sample=False,
+            repetition_penalty=1.5,
+            max_new_tokens=30,
+            min_new_tokens=30,
+            pad_token_id=1,
+        )
+    assert generated(rounds) == baseline == hf[0, PROMPT.shape[1] :].tolist()
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
@@ -111,14 +127,6 @@ def exact_first_two_marginals(model, prompt_ids: torch.Tensor, sampling: Samplin
     return torch.stack([first, second])
 
 
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    keep = probs > 0
-    chi2 = ((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum()
-    dof = torch.tensor(float(keep.sum() - 1), dtype=torch.float64)
-    return float(torch.special.gammaincc(dof / 2, chi2 / 2))
-
-
 @pytest.mark.parametrize(
     "sampling",
     [
@@ -138,8 +146,11 @@ def test_sampled_tokens_follow_the_target_only_distribution(tiny_target, tiny_dr
     num_resampled = 0
     for seed in range(num_runs):
         drafter = ModelDrafter(tiny_draft, draft_sampling, TINY_VOCAB)
-        rounds = list(speculative_generate(tiny_target, drafter, PROMPT, sampling, spec, NO_EOS,
-                                           generator=torch.Generator().manual_seed(seed)))
+        rounds = list(
+            speculative_generate(
+                tiny_target, drafter, PROMPT, sampling, spec, NO_EOS, generator=torch.Generator().manual_seed(seed)
+            )
+        )
         tokens = generated(rounds)
         counts[0, tokens[0]] += 1
         counts[1, tokens[1]] += 1
@@ -148,5 +159,5 @@ def test_sampled_tokens_follow_the_target_only_distribution(tiny_target, tiny_dr
     for position in range(2):
         assert counts[position][exact[position] == 0].sum() == 0, "a token the target gives p = 0 was emitted"
         assert chi_square_pvalue(counts[position], exact[position]) > 1e-4
-        tv = 0.5 * (counts[position] / num_runs - exact[position]).abs().sum()
+        tv = tv_distance(counts[position], exact[position])
         assert tv < 0.08, f"position {position}: TV {tv:.3f}"

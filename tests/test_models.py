@@ -45,14 +45,14 @@ def test_all_positions_of_a_verification_match_a_fresh_pass(tiny_target):
 
 
 def test_unknown_names_are_refused_with_the_way_forward():
-    with pytest.raises(ValueError, match="Unknown model 'gpt-17'.*smollm2-135m-instruct"):
+    with pytest.raises(ValueError, match=r"Unknown model 'gpt-17'.*smollm2-135m-instruct"):
         resolve_source("gpt-17", print)
 
 
 def test_unreachable_hub_id_says_so_without_waiting_on_the_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # set after import: must still be honoured
     started = time.perf_counter()
-    with pytest.raises(ValueError, match="Could not load 'nobody/no-such-model'.*offline, use"):
+    with pytest.raises(ValueError, match=r"Could not load 'nobody/no-such-model'.*offline, use"):
         load_model("nobody/no-such-model")
     assert time.perf_counter() - started < 5
 

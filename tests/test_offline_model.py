@@ -30,9 +30,14 @@ def test_greedy_parity_on_the_real_model(offline_model, prompt):
     rounds = list(speculative_generate(model, NgramDrafter(49152), prompt_ids, GREEDY, spec, eos))
     baseline = tokens(autoregressive_generate(model, prompt_ids, GREEDY, MAX_NEW_TOKENS, eos))
     with torch.inference_mode():
-        hf = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
-                            max_new_tokens=MAX_NEW_TOKENS, pad_token_id=2)
-    assert tokens(rounds) == baseline == hf[0, prompt_ids.shape[1]:].tolist()
+        hf = model.generate(
+            prompt_ids,
+            attention_mask=torch.ones_like(prompt_ids),
+            do_sample=False,
+            max_new_tokens=MAX_NEW_TOKENS,
+            pad_token_id=2,
+        )
+    assert tokens(rounds) == baseline == hf[0, prompt_ids.shape[1] :].tolist()
 
 
 def test_self_drafting_accepts_everything_at_temperature_0(offline_model):

@@ -19,8 +19,13 @@ def test_spans_follow_the_rounds():
     ]
     spans = token_spans(rounds, decode)
     assert [(span.text, span.kind) for span in spans] == [
-        (" the", "accepted"), (" cat", "accepted"), ("!", "bonus"),
-        (" sat", "accepted"), (" on", "rejected"), (" a", "rejected"), ("!", "resampled"),
+        (" the", "accepted"),
+        (" cat", "accepted"),
+        ("!", "bonus"),
+        (" sat", "accepted"),
+        (" on", "rejected"),
+        (" a", "rejected"),
+        ("!", "resampled"),
     ]
     assert spans[4].uniform is not None  # the first rejection was tested against its draw
     assert spans[5].uniform is None  # the draft after it was never tested
