@@ -9,7 +9,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from specdemo.bench import bench_rejection_sampler, run_bench
+from specdemo.bench import bench_rejection_sampler, markdown_table, run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, check_prompt_fits
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
 from specdemo.drafters import Drafter, ModelDrafter, NgramDrafter
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=SpeculativeConfig.max_new_tokens)
     bench.add_argument("--repeats", type=int, default=2, help="timed runs of each method per prompt (median)")
     bench.add_argument("--output", default="bench-results/bench.json", help="where the JSON results go")
+    bench.add_argument("--markdown", metavar="JSON", help="print the README table of an earlier run's JSON and exit")
     return parser
 
 
@@ -75,7 +76,7 @@ def round_record(round_: Round) -> dict:
 def make_drafter(name: str, target: LoadedModel, sampling: SamplingConfig, speculative: SpeculativeConfig) -> Drafter:
     vocab_size = target.model.get_output_embeddings().weight.shape[0]
     if name == "ngram":
-        return NgramDrafter(vocab_size, speculative.max_ngram_size)
+        return NgramDrafter(speculative.max_ngram_size)
     draft = target if name == target.name else load_model(name, _progress, target.device)
     return ModelDrafter(draft.model, sampling, vocab_size)
 
@@ -130,11 +131,13 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def bench_command(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(markdown_table(json.loads(Path(args.markdown).read_text())))
+        return 0
     if args.repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {args.repeats}.")
     speculative = SpeculativeConfig(num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens)
     target = load_model(args.target, _progress)
-    print(f"Rejection sampler, B=8 K=5 V=49152: {bench_rejection_sampler()}", flush=True)
     results = run_bench(
         target,
         speculative.num_draft_tokens,
@@ -144,7 +147,7 @@ def bench_command(args: argparse.Namespace) -> int:
         header=lambda line: print(line, flush=True),
     )
     results["rejection_sampler"] = bench_rejection_sampler()
-    print(json.dumps(results["summary"], indent=2))
+    print(markdown_table(results))
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2))

@@ -78,7 +78,6 @@ Method = Callable[[torch.Tensor], list[int]]  # prompt_ids [1, T] -> generated t
 def bench_methods(loaded: LoadedModel, num_draft_tokens: int, max_new_tokens: int) -> dict[str, Method]:
     """The four ways of decoding greedily that the table compares; all must produce the same tokens."""
     model, eos = loaded.model, loaded.eos_token_ids
-    vocab_size = model.get_output_embeddings().weight.shape[0]
     greedy = SamplingConfig()
     speculative = SpeculativeConfig(num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens)
 
@@ -87,7 +86,7 @@ def bench_methods(loaded: LoadedModel, num_draft_tokens: int, max_new_tokens: in
         return [token for round_ in rounds for token in round_.emitted_token_ids]
 
     def ours_speculative(prompt_ids: torch.Tensor) -> list[int]:
-        drafter = NgramDrafter(vocab_size, speculative.max_ngram_size)
+        drafter = NgramDrafter(speculative.max_ngram_size)
         rounds = speculative_generate(model, drafter, prompt_ids, greedy, speculative, eos)
         return [token for round_ in rounds for token in round_.emitted_token_ids]
 
@@ -144,7 +143,7 @@ def run_bench(
                 outputs[name], elapsed = _timed(methods[name], prompt_ids)
                 seconds[name].append(elapsed)
         # One more speculative run for its rounds: acceptance and overhead are counts, not timings.
-        drafter = NgramDrafter(loaded.model.get_output_embeddings().weight.shape[0])
+        drafter = NgramDrafter()
         rounds = list(
             speculative_generate(
                 loaded.model,
@@ -265,3 +264,40 @@ def bench_rejection_sampler(
         "per_token_loop_ms": loop * 1e3,
         "speedup": loop / vectorised,
     }
+
+
+def markdown_table(results: dict) -> str:
+    """The README's table, from bench JSON: tokens/s per method and prompt, then the median ratios."""
+    names = results["methods"]
+    lines = [
+        f"Measured {results['date']} on {results['machine']} ({results['device']}), {results['model']}, float32, "
+        f"greedy, {results['max_new_tokens']} new tokens at most, K = {results['num_draft_tokens']}, "
+        f"median of {results['repeats']} interleaved runs, torch {results['torch']}.",
+        "",
+        "| prompt | grounded | new tokens | "
+        + " | ".join(f"{name} tok/s" for name in names)
+        + " | acceptance | tokens/pass | overhead | identical |",
+        "|---" * (len(names) + 7) + "|",
+    ]
+    for row in results["rows"]:
+        speeds = " | ".join(f"{row['tokens_per_second'][name]:.1f}" for name in names)
+        lines.append(
+            f"| {row['prompt']} | {'yes' if row['grounded'] else 'no'} | {row['new_tokens']} | {speeds} | "
+            f"{row['acceptance_rate']:.2f} | {row['mean_tokens_per_round']:.2f} | {row['overhead_fraction']:.1%} | "
+            f"{'yes' if row['identical'] else 'NO'} |"
+        )
+    lines += ["", "| median ratio | grounded prompts | open-ended prompts |", "|---|---|---|"]
+    grounded, open_ended = results["summary"].get("grounded", {}), results["summary"].get("open", {})
+    for key in grounded:
+        lines.append(f"| {key} | {grounded[key]:.2f} | {open_ended.get(key, float('nan')):.2f} |")
+    sampler = results.get("rejection_sampler")
+    if sampler:
+        lines += [
+            "",
+            (
+                f"`rejection_sample` at B={sampler['batch_size']}, K={sampler['num_draft_tokens']}, "
+                f"V={sampler['vocab_size']}: {sampler['vectorised_ms']:.2f} ms, against "
+                f"{sampler['per_token_loop_ms']:.2f} ms for the per-token reference loop ({sampler['speedup']:.1f}×)."
+            ),
+        ]
+    return "\n".join(lines)

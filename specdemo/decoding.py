@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from transformers import PreTrainedModel
+from transformers import LogitsProcessorList, PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.drafters import Draft, Drafter, NoDrafter
 from specdemo.models import KVCachedModel
-from specdemo.rejection import rejection_sample
-from specdemo.sampling import build_warpers, logits_to_probs
+from specdemo.rejection import RejectionResult, greedy_verify, rejection_sample
+from specdemo.sampling import build_warpers, greedy_token_ids, logits_to_probs
 
 NextKind = Literal["resampled", "bonus"]
 
@@ -64,7 +64,31 @@ def _draft_until_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
     keep = _eos_cut(draft.token_ids[0].tolist(), eos_token_ids)
     if keep == draft.token_ids.shape[1]:
         return draft
-    return Draft(token_ids=draft.token_ids[:, :keep], probs=draft.probs[:, :keep])
+    probs = None if draft.probs is None else draft.probs[:, :keep]
+    return Draft(draft.token_ids[:, :keep], probs, draft.forward_seconds)
+
+
+def _emitted(drafts: list[int], num_accepted: int, next_token: int, eos_token_ids: frozenset[int]) -> list[int]:
+    """The accepted drafts and the resampled or bonus token, up to the first EOS."""
+    emitted = [*drafts[:num_accepted], next_token]
+    return emitted[: _eos_cut(emitted, eos_token_ids)]
+
+
+def verify(
+    draft: Draft,
+    target_logits: torch.Tensor,  # [1, k+1, V]
+    candidate_ids: torch.Tensor,  # [1, T+k] the sequence and the draft
+    sampling: SamplingConfig,
+    warpers: LogitsProcessorList,
+    generator: torch.Generator,
+) -> RejectionResult:
+    """Rejection sampling; at temperature 0 with a deterministic drafter, its exact one-hot special case."""
+    if sampling.is_greedy and draft.probs is None:
+        target_ids = greedy_token_ids(target_logits, candidate_ids, sampling)  # [1, k+1]
+        return greedy_verify(draft.token_ids, target_ids, generator=generator)
+    target_probs = logits_to_probs(target_logits, candidate_ids, sampling, warpers)  # [1, k+1, V]
+    draft_probs = draft.dense_probs(target_probs.shape[-1])  # [1, k, V]
+    return rejection_sample(draft.token_ids, draft_probs, target_probs, generator=generator)
 
 
 def speculative_generate(
@@ -77,7 +101,7 @@ def speculative_generate(
     generator: torch.Generator | None = None,  # default: seeded from sampling.seed
 ) -> Iterator[Round]:
     """Yield rounds until max_new_tokens are emitted or an EOS is; the tokens follow the target's distribution."""
-    assert prompt_ids.ndim == 2 and prompt_ids.shape == (1, prompt_ids.shape[1]) and prompt_ids.shape[1] > 0, (
+    assert prompt_ids.ndim == 2 and prompt_ids.shape[0] == 1 and prompt_ids.shape[1] > 0, (
         f"prompt_ids must be [1, T] with T > 0, got {tuple(prompt_ids.shape)}"
     )
     if generator is None:
@@ -86,31 +110,23 @@ def speculative_generate(
     warpers = build_warpers(sampling)
     sequence_ids = prompt_ids.to(verifier.device)  # [1, T] grows by each round's emitted tokens
     num_generated, index = 0, 0
-    draft_forwards = getattr(drafter, "cached", None)  # a model drafter's forward time counts as forward time
     while num_generated < speculative.max_new_tokens:
         started = time.perf_counter()
-        draft_forward_before = draft_forwards.forward_seconds if draft_forwards else 0.0
         # Never propose more than can be emitted: K accepted + 1 next token <= tokens still allowed.
         num_draft = min(speculative.num_draft_tokens, speculative.max_new_tokens - num_generated - 1)
-        draft = drafter.propose(sequence_ids, num_draft, generator)  # token_ids [1, k], probs [1, k, V]
-        draft = _draft_until_eos(draft, eos_token_ids)
+        draft = _draft_until_eos(drafter.propose(sequence_ids, num_draft, generator), eos_token_ids)  # [1, k]
         drafted = time.perf_counter()
-
         candidate_ids = torch.cat([sequence_ids, draft.token_ids], dim=1)  # [1, T+k]
         target_logits = verifier.logits(candidate_ids, num_logits=draft.token_ids.shape[1] + 1)  # [1, k+1, V]
         verified = time.perf_counter()
 
-        target_probs = logits_to_probs(target_logits[..., : draft.probs.shape[-1]], candidate_ids, sampling, warpers)
-        result = rejection_sample(draft.token_ids, draft.probs, target_probs, generator=generator)
-        drafts = draft.token_ids[0].tolist()
-        accepted = int(result.num_accepted[0])
-        emitted = [*drafts[:accepted], int(result.next_token_ids[0])]
-        emitted = emitted[: _eos_cut(emitted, eos_token_ids)]
-        ended_in_draft = len(emitted) <= accepted  # an accepted EOS (the last draft): no bonus token after it
-        next_token = None if ended_in_draft else emitted[-1]
+        result = verify(draft, target_logits, candidate_ids, sampling, warpers, generator)
+        drafts, accepted = draft.token_ids[0].tolist(), int(result.num_accepted[0])
+        emitted = _emitted(drafts, accepted, int(result.next_token_ids[0]), eos_token_ids)
+        has_next = len(emitted) > accepted  # False after an accepted EOS: no bonus token follows it
         sequence_ids = torch.cat([sequence_ids, torch.tensor([emitted], device=sequence_ids.device)], dim=1)
         num_generated += len(emitted)
-        round_ = Round(
+        yield Round(
             index=index,
             draft_token_ids=drafts,
             target_probs=result.target_draft_probs[0].tolist(),
@@ -118,18 +134,15 @@ def speculative_generate(
             acceptance_probs=result.acceptance_probs[0].tolist(),
             uniforms=result.uniforms[0].tolist(),
             num_accepted=accepted,
-            next_token_id=next_token,
-            next_kind=None if ended_in_draft else ("bonus" if accepted == len(drafts) else "resampled"),
-            next_token_prob=None if ended_in_draft else float(target_probs[0, accepted, next_token]),
+            next_token_id=emitted[-1] if has_next else None,
+            next_kind=("bonus" if accepted == len(drafts) else "resampled") if has_next else None,
+            next_token_prob=float(result.next_token_probs[0]) if has_next else None,
             num_input_tokens=verifier.last_input_length,
             draft_seconds=drafted - started,
             verify_seconds=verified - drafted,
             other_seconds=time.perf_counter() - verified,
-            forward_seconds=verified
-            - drafted
-            + (draft_forwards.forward_seconds - draft_forward_before if draft_forwards else 0.0),
+            forward_seconds=draft.forward_seconds + verifier.last_forward_seconds,
         )
-        yield round_
         index += 1
         if emitted[-1] in eos_token_ids:
             return
@@ -144,8 +157,5 @@ def autoregressive_generate(
     generator: torch.Generator | None = None,
 ) -> Iterator[Round]:
     """Target-only decoding, the baseline: the same loop with nothing drafted, one token per round."""
-    vocab_size = target.get_output_embeddings().weight.shape[0]
     speculative = SpeculativeConfig(max_new_tokens=max_new_tokens)
-    yield from speculative_generate(
-        target, NoDrafter(vocab_size), prompt_ids, sampling, speculative, eos_token_ids, generator
-    )
+    yield from speculative_generate(target, NoDrafter(), prompt_ids, sampling, speculative, eos_token_ids, generator)

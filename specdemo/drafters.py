@@ -20,7 +20,13 @@ class Draft:
     """K proposed tokens and q, the exact distributions they were drawn from (after every filter)."""
 
     token_ids: torch.Tensor  # [B, K] int64; K may be 0 when the drafter has nothing to propose
-    probs: torch.Tensor  # [B, K, V] float32
+    probs: torch.Tensor | None  # [B, K, V] float32 (V the target's); None: q is one-hot on token_ids
+    forward_seconds: float = 0.0  # time the drafter spent in model forward passes (0 for prompt lookup)
+
+    def dense_probs(self, vocab_size: int) -> torch.Tensor:  # [B, K, V]
+        if self.probs is not None:
+            return self.probs
+        return torch.nn.functional.one_hot(self.token_ids, vocab_size).float()
 
 
 class Drafter(Protocol):
@@ -29,19 +35,16 @@ class Drafter(Protocol):
     def propose(self, sequence_ids: torch.Tensor, num_draft_tokens: int, generator: torch.Generator) -> Draft: ...
 
 
-def one_hot_draft(token_ids: torch.Tensor, vocab_size: int) -> Draft:  # [B, K]
+def one_hot_draft(token_ids: torch.Tensor) -> Draft:  # [B, K]
     """A deterministic proposal: q is one-hot, so acceptance is u < p(d) and the residual is p without d."""
-    return Draft(token_ids=token_ids, probs=torch.nn.functional.one_hot(token_ids, vocab_size).float())
+    return Draft(token_ids=token_ids, probs=None)
 
 
 class NoDrafter:
     """Proposes nothing: every round is one target step, which is target-only decoding."""
 
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-
     def propose(self, sequence_ids: torch.Tensor, num_draft_tokens: int, generator: torch.Generator) -> Draft:
-        return one_hot_draft(sequence_ids.new_empty(sequence_ids.shape[0], 0), self.vocab_size)
+        return one_hot_draft(sequence_ids.new_empty(sequence_ids.shape[0], 0))
 
 
 def find_ngram_continuation(
@@ -64,14 +67,13 @@ def find_ngram_continuation(
 class NgramDrafter:
     """Prompt-lookup drafting: no model, no cache; copies text that follows the latest matching n-gram."""
 
-    def __init__(self, vocab_size: int, max_ngram_size: int = 3) -> None:
-        self.vocab_size = vocab_size
+    def __init__(self, max_ngram_size: int = 3) -> None:
         self.max_ngram_size = max_ngram_size
 
     def propose(self, sequence_ids: torch.Tensor, num_draft_tokens: int, generator: torch.Generator) -> Draft:
         assert sequence_ids.shape[0] == 1, "the n-gram drafter proposes for one sequence at a time"
         found = find_ngram_continuation(sequence_ids[0], self.max_ngram_size, num_draft_tokens)  # [k]
-        return one_hot_draft(found[None], self.vocab_size)
+        return one_hot_draft(found[None])
 
 
 class ModelDrafter:
@@ -81,18 +83,22 @@ class ModelDrafter:
         self.cached = KVCachedModel(model)
         self.sampling = sampling  # may differ from the target's: q is whatever the draft really sampled from
         self.warpers = build_warpers(sampling)
-        self.vocab_size = vocab_size  # the target's; a draft with a padded embedding is cut to it
+        self.vocab_size = vocab_size  # the target's: a larger padded draft embedding is cut, a smaller one padded
 
     def propose(self, sequence_ids: torch.Tensor, num_draft_tokens: int, generator: torch.Generator) -> Draft:
         ids, probs = sequence_ids, []
+        forward_before = self.cached.forward_seconds
         for _ in range(num_draft_tokens):
             logits = self.cached.logits(ids, num_logits=1)[..., : self.vocab_size]  # [B, 1, V]
-            step_probs = logits_to_probs(logits, ids, self.sampling, self.warpers)  # [B, 1, V]
+            step_probs = logits_to_probs(logits, ids, self.sampling, self.warpers)  # [B, 1, V_draft]
+            # A draft with a smaller vocabulary gives q = 0 to the target's extra ids.
+            step_probs = torch.nn.functional.pad(step_probs, (0, self.vocab_size - step_probs.shape[-1]))
             uniforms = draw_uniforms(generator, ids.shape[0], 1, ids.device)[:, 0]  # [B]
             token = sample_from_probs(step_probs[:, 0], uniforms)  # [B]
             ids = torch.cat([ids, token[:, None]], dim=1)
             probs.append(step_probs)
         token_ids = ids[:, sequence_ids.shape[1] :]  # [B, K]
-        if not probs:
-            return one_hot_draft(token_ids, self.vocab_size)
-        return Draft(token_ids=token_ids, probs=torch.cat(probs, dim=1))
+        if not probs or self.sampling.is_greedy:
+            return Draft(token_ids=token_ids, probs=None, forward_seconds=self.cached.forward_seconds - forward_before)
+        forward_seconds = self.cached.forward_seconds - forward_before
+        return Draft(token_ids=token_ids, probs=torch.cat(probs, dim=1), forward_seconds=forward_seconds)

@@ -190,6 +190,7 @@ class KVCachedModel:
         self.cached_ids = torch.empty(1, 0, dtype=torch.long, device=self.device)  # [B, T_cached]
         self.forward_seconds = 0.0  # total time inside model forward passes, for the overhead figures
         self.last_input_length = 0  # tokens fed in the latest pass (the whole prompt in the first)
+        self.last_forward_seconds = 0.0
 
     def common_prefix_length(self, sequence_ids: torch.Tensor) -> int:  # [B, T]
         length = min(self.cached_ids.shape[1], sequence_ids.shape[1])
@@ -217,7 +218,8 @@ class KVCachedModel:
         started = time.perf_counter()
         output = self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
         synchronize(self.device)
-        self.forward_seconds += time.perf_counter() - started
+        self.last_forward_seconds = time.perf_counter() - started
+        self.forward_seconds += self.last_forward_seconds
         self.cached_ids = sequence_ids
         self.last_input_length = new_ids.shape[1]
         return output.logits

@@ -24,6 +24,7 @@ class RejectionResult:
     acceptance_probs: torch.Tensor  # [B, K] float64 min(1, p(d_i) / q(d_i))
     uniforms: torch.Tensor  # [B, K] float64 the draws u_i; d_i is accepted when u_i * q < p
     next_token_ids: torch.Tensor  # [B] the resampled (num_accepted < K) or bonus token
+    next_token_probs: torch.Tensor  # [B] float32 the target probability of next_token_ids at its position
 
 
 def first_rejection_index(accepted: torch.Tensor) -> torch.Tensor:  # [B, K] bool -> [B] int64
@@ -70,7 +71,6 @@ def rejection_sample(
     assert target_probs.shape == (batch_size, num_draft + 1, vocab_size), (
         f"target_probs {tuple(target_probs.shape)} does not fit draft_probs {tuple(draft_probs.shape)}"
     )
-    rows = torch.arange(batch_size, device=draft_probs.device)  # [B]
     uniforms = draw_uniforms(generator, batch_size, num_draft + 1, draft_probs.device)  # [B, K+1]
 
     index = draft_token_ids.unsqueeze(-1)  # [B, K, 1]
@@ -87,20 +87,57 @@ def rejection_sample(
     next_probs = residual_probs(next_target, next_draft)  # [B, V]
     next_token_ids = sample_from_probs(next_probs, uniforms[:, num_draft])  # [B]
 
-    positions = torch.arange(num_draft + 1, device=draft_probs.device)  # [K+1]
-    padded_ids = torch.nn.functional.pad(draft_token_ids, (0, 1), value=PADDING_ID)  # [B, K+1]
-    token_ids = torch.where(positions < num_accepted[:, None], padded_ids, PADDING_ID)
-    token_ids[rows, num_accepted] = next_token_ids
     acceptance = torch.where(draft_draft > 0, (target_draft / draft_draft).clamp(max=1.0), 1.0)
     return RejectionResult(
-        token_ids=token_ids,
+        token_ids=emitted_token_ids(draft_token_ids, num_accepted, next_token_ids),
         num_accepted=num_accepted,
         target_draft_probs=target_draft,
         draft_draft_probs=draft_draft,
         acceptance_probs=acceptance,
         uniforms=uniforms[:, :num_draft],
         next_token_ids=next_token_ids,
+        next_token_probs=next_target.gather(1, next_token_ids[:, None]).squeeze(1),
     )
+
+
+def greedy_verify(
+    draft_token_ids: torch.Tensor,  # [B, K] int64 from a deterministic drafter (q one-hot)
+    target_token_ids: torch.Tensor,  # [B, K+1] int64 the target's greedy choice at each position (p one-hot)
+    *,
+    generator: Generators = None,
+) -> RejectionResult:
+    """rejection_sample when p and q are both one-hot: accept while the draft equals the target's argmax, then
+    emit the argmax. The same draws and the same result, without any [B, K, V] tensor."""
+    batch_size, num_draft = draft_token_ids.shape
+    # Drawn although greedy ignores them: the generator stream and the trace stay those of rejection_sample.
+    uniforms = draw_uniforms(generator, batch_size, num_draft + 1, draft_token_ids.device)  # [B, K+1]
+    matches = draft_token_ids == target_token_ids[:, :num_draft]  # [B, K] p(d_i) is 1 exactly here
+    num_accepted = first_rejection_index(matches)  # [B]
+    next_token_ids = target_token_ids.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
+    target_draft = matches.double()  # [B, K]
+    return RejectionResult(
+        token_ids=emitted_token_ids(draft_token_ids, num_accepted, next_token_ids),
+        num_accepted=num_accepted,
+        target_draft_probs=target_draft,
+        draft_draft_probs=torch.ones_like(target_draft),
+        acceptance_probs=target_draft,  # min(1, p / q) with q = 1
+        uniforms=uniforms[:, :num_draft],
+        next_token_ids=next_token_ids,
+        next_token_probs=torch.ones(batch_size, device=draft_token_ids.device),
+    )
+
+
+def emitted_token_ids(
+    draft_token_ids: torch.Tensor,  # [B, K]
+    num_accepted: torch.Tensor,  # [B]
+    next_token_ids: torch.Tensor,  # [B]
+) -> torch.Tensor:  # [B, K+1] accepted drafts, the next token, then PADDING_ID
+    positions = torch.arange(draft_token_ids.shape[1] + 1, device=draft_token_ids.device)  # [K+1]
+    padded_ids = torch.nn.functional.pad(draft_token_ids, (0, 1), value=PADDING_ID)  # [B, K+1]
+    token_ids = torch.where(positions < num_accepted[:, None], padded_ids, PADDING_ID)
+    rows = torch.arange(draft_token_ids.shape[0], device=draft_token_ids.device)
+    token_ids[rows, num_accepted] = next_token_ids
+    return token_ids
 
 
 def reference_rejection_sample(

@@ -34,6 +34,30 @@ def build_warpers(sampling: SamplingConfig) -> LogitsProcessorList:
     return warpers
 
 
+def _penalised(
+    logits: torch.Tensor,  # [B, N, V]
+    context_ids: torch.Tensor,  # [B, T+N-1]
+    sampling: SamplingConfig,
+) -> torch.Tensor:  # [B, N, V] float32
+    scores = logits.float()
+    if sampling.repetition_penalty == 1.0:
+        return scores
+    # The penalty reads the prefix, so position i sees prompt + generated + d_1..d_i only.
+    penalty = RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
+    num_positions = logits.shape[1]
+    start = context_ids.shape[1] - num_positions + 1
+    return torch.stack([penalty(context_ids[:, : start + i], scores[:, i]) for i in range(num_positions)], dim=1)
+
+
+def greedy_token_ids(
+    logits: torch.Tensor,  # [B, N, V] scores for N successive positions of one pass
+    context_ids: torch.Tensor,  # [B, T+N-1] position i is conditioned on context_ids[:, :T+i]
+    sampling: SamplingConfig,
+) -> torch.Tensor:  # [B, N] int64
+    """What generate(do_sample=False) picks at each position: the first maximum after the repetition penalty."""
+    return _penalised(logits, context_ids, sampling).argmax(dim=-1)
+
+
 def logits_to_probs(
     logits: torch.Tensor,  # [B, N, V] scores for N successive positions of one pass
     context_ids: torch.Tensor,  # [B, T+N-1] position i is conditioned on context_ids[:, :T+i]
@@ -42,16 +66,9 @@ def logits_to_probs(
 ) -> torch.Tensor:  # [B, N, V] float32; one-hot at the argmax when greedy
     """Apply the user's settings to every position exactly as target-only decoding would."""
     batch_size, num_positions, vocab_size = logits.shape
-    scores = logits.float()
-    if sampling.repetition_penalty != 1.0:
-        # The penalty reads the prefix, so position i sees prompt + generated + d_1..d_i only.
-        penalty = RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
-        start = context_ids.shape[1] - num_positions + 1
-        scores = torch.stack([penalty(context_ids[:, : start + i], scores[:, i]) for i in range(num_positions)], dim=1)
     if sampling.is_greedy:
-        greedy_ids = scores.argmax(dim=-1)  # [B, N] first maximum on ties, as generate() does
-        return torch.nn.functional.one_hot(greedy_ids, vocab_size).float()
-    flat = scores.reshape(batch_size * num_positions, vocab_size)  # [B*N, V]
+        return torch.nn.functional.one_hot(greedy_token_ids(logits, context_ids, sampling), vocab_size).float()
+    flat = _penalised(logits, context_ids, sampling).reshape(batch_size * num_positions, vocab_size)  # [B*N, V]
     flat = warpers(context_ids, flat)  # temperature, top-k and top-p ignore the context
     return flat.softmax(dim=-1).reshape(batch_size, num_positions, vocab_size)
 

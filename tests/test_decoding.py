@@ -52,9 +52,18 @@ def test_greedy_parity_model_drafter(tiny_target, tiny_draft, num_draft_tokens):
     assert any(round_.next_kind == "resampled" for round_ in unrelated)
 
 
+def test_greedy_target_with_a_sampling_draft_is_still_greedy(tiny_target):
+    """A hot draft (q not one-hot) goes through the general sampler; the output must still be the argmax path."""
+    greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40)
+    drafter = ModelDrafter(tiny_target, SamplingConfig(temperature=1.5, seed=1), TINY_VOCAB)
+    rounds = list(speculative_generate(tiny_target, drafter, PROMPT, greedy, spec, NO_EOS))
+    assert generated(rounds) == hf_greedy(tiny_target, PROMPT, 40)
+    assert 0 < run_stats(rounds).acceptance_rate < 1  # the hot draft strays and is corrected
+
+
 def test_greedy_parity_ngram_drafter(tiny_target):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=4, max_new_tokens=50)
-    rounds = list(speculative_generate(tiny_target, NgramDrafter(TINY_VOCAB), PROMPT, greedy, spec, NO_EOS))
+    rounds = list(speculative_generate(tiny_target, NgramDrafter(), PROMPT, greedy, spec, NO_EOS))
     assert generated(rounds) == hf_greedy(tiny_target, PROMPT, 50)
     assert run_stats(rounds).num_drafted > 0  # the lookup did propose, so verification was exercised
 

@@ -27,7 +27,7 @@ def test_greedy_parity_on_the_real_model(offline_model, prompt):
     model, eos = offline_model.model, offline_model.eos_token_ids
     prompt_ids = chat_prompt_ids(offline_model, prompt.text)
     spec = SpeculativeConfig(num_draft_tokens=5, max_new_tokens=MAX_NEW_TOKENS)
-    rounds = list(speculative_generate(model, NgramDrafter(49152), prompt_ids, GREEDY, spec, eos))
+    rounds = list(speculative_generate(model, NgramDrafter(), prompt_ids, GREEDY, spec, eos))
     baseline = tokens(autoregressive_generate(model, prompt_ids, GREEDY, MAX_NEW_TOKENS, eos))
     with torch.inference_mode():
         hf = model.generate(
