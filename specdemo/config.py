@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MAX_NUM_DRAFT_TOKENS = 16  # beyond this, verifying K+1 positions costs more than rejections save
 MAX_NEW_TOKENS_LIMIT = 2048  # keeps a single run bounded in time and memory on a CPU
@@ -60,12 +60,26 @@ class SpeculativeConfig:
 
     num_draft_tokens: int = 5  # K; 5 balances acceptance and verify cost for prompt lookup on a CPU
     max_new_tokens: int = 128
-    max_ngram_size: int = 3  # prompt lookup tries the last 3, then 2, then 1 tokens as the search key
+    max_ngram_size: int = 3  # prompt lookup tries the last 3 tokens as the search key, then fewer...
+    min_ngram_size: int = 2  # ...down to 2: one-token matches in free text are mostly noise, and on a CPU a
+    # rejected proposal costs a multi-token pass (~1.6x a one-token step); see README, "Benchmark"
+    draft_temperature: float | None = None  # None: a draft model samples with the target's settings
 
     def __post_init__(self) -> None:
         _check_int("num-draft-tokens", self.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
         _check_int("max-new-tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
         _check_int("max-ngram-size", self.max_ngram_size, 1, MAX_NGRAM_SIZE)
+        _check_int("min-ngram-size", self.min_ngram_size, 1, self.max_ngram_size)
+        if self.draft_temperature is not None:
+            _check_number("draft temperature", self.draft_temperature, 0.0, MAX_TEMPERATURE)
+            object.__setattr__(self, "draft_temperature", float(self.draft_temperature))
+
+    def draft_sampling(self, sampling: SamplingConfig) -> SamplingConfig:
+        """What a draft model samples with: the target's settings, at draft_temperature when one is set.
+        Lossless either way, since q is what the draft really sampled from."""
+        if self.draft_temperature is None:
+            return sampling
+        return replace(sampling, temperature=self.draft_temperature)
 
 
 def check_prompt(text: str) -> None:

@@ -49,13 +49,14 @@ class NoDrafter:
 
 def find_ngram_continuation(
     sequence_ids: torch.Tensor,  # [T] int64
-    max_ngram_size: int,
     num_draft_tokens: int,
+    max_ngram_size: int,
+    min_ngram_size: int = 1,
 ) -> torch.Tensor:  # [k] int64, k <= num_draft_tokens, empty when no n-gram recurs
     """Prompt lookup (Saxena 2023): find the latest earlier occurrence of the last n tokens, longest n first,
     and propose what followed it."""
     length = sequence_ids.shape[0]
-    for size in range(min(max_ngram_size, length - 1), 0, -1):
+    for size in range(min(max_ngram_size, length - 1), min_ngram_size - 1, -1):
         windows = sequence_ids[: length - 1].unfold(0, size, 1)  # [T-size, size] every earlier n-gram
         matches = (windows == sequence_ids[length - size :]).all(dim=1).nonzero().flatten()  # start indices
         if matches.numel():
@@ -67,12 +68,14 @@ def find_ngram_continuation(
 class NgramDrafter:
     """Prompt-lookup drafting: no model, no cache; copies text that follows the latest matching n-gram."""
 
-    def __init__(self, max_ngram_size: int = 3) -> None:
-        self.max_ngram_size = max_ngram_size
+    def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 2) -> None:
+        self.max_ngram_size, self.min_ngram_size = max_ngram_size, min_ngram_size
 
     def propose(self, sequence_ids: torch.Tensor, num_draft_tokens: int, generator: torch.Generator) -> Draft:
         assert sequence_ids.shape[0] == 1, "the n-gram drafter proposes for one sequence at a time"
-        found = find_ngram_continuation(sequence_ids[0], self.max_ngram_size, num_draft_tokens)  # [k]
+        found = find_ngram_continuation(  # [k]
+            sequence_ids[0], num_draft_tokens, self.max_ngram_size, self.min_ngram_size
+        )
         return one_hot_draft(found[None])
 
 
