@@ -12,8 +12,8 @@ from pathlib import Path
 from specdemo.bench import bench_rejection_sampler, markdown_table, run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, check_prompt_fits
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
-from specdemo.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model
+from specdemo.models import OFFLINE_DEFAULT, ModelCache, chat_prompt_ids, load_model
+from specdemo.pairs import DEFAULT_PAIR, NGRAM, Pair, custom_pair, find_pair, load_pair, make_drafter, pairs_table
 from specdemo.render import ansi_text, token_spans
 from specdemo.stats import run_stats
 
@@ -30,12 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="decode one prompt and show every round")
     generate.add_argument("--prompt", required=True)
-    generate.add_argument(
-        "--target", default=OFFLINE_DEFAULT, help=f"model name, Hub id or directory (default {OFFLINE_DEFAULT})"
-    )
-    generate.add_argument(
-        "--draft", default="ngram", help="'ngram' (prompt lookup) or a draft model name/Hub id/directory"
-    )
+    generate.add_argument("--pair", help="a pair from `python -m specdemo pairs` (instead of --target/--draft)")
+    generate.add_argument("--target", default=OFFLINE_DEFAULT, help="model name, Hub id or directory")
+    generate.add_argument("--draft", default=NGRAM, help="'ngram' (prompt lookup) or a draft model name/Hub id/dir")
+    generate.add_argument("--draft-temperature", type=float, help="a draft model's own temperature (default: target's)")
     generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     generate.add_argument("--top-k", type=int, default=0, help="0 = off")
     generate.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -46,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--baseline", action="store_true", help="decode with the target alone")
     generate.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, no chat template")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of coloured text")
+
+    commands.add_parser("pairs", help="list the draft/target pairs")
 
     bench = commands.add_parser("bench", help="benchmark against Hugging Face generate, interleaved")
     bench.add_argument("--target", default=OFFLINE_DEFAULT)
@@ -73,19 +73,26 @@ def round_record(round_: Round) -> dict:
     }
 
 
-def make_drafter(name: str, target: LoadedModel, sampling: SamplingConfig, speculative: SpeculativeConfig) -> Drafter:
-    vocab_size = target.model.get_output_embeddings().weight.shape[0]
-    if name == "ngram":
-        return NgramDrafter(speculative.max_ngram_size)
-    draft = target if name == target.name else load_model(name, _progress, target.device)
-    return ModelDrafter(draft.model, sampling, vocab_size)
+def cli_pair(args: argparse.Namespace) -> Pair:
+    if args.pair:
+        if args.target != OFFLINE_DEFAULT or args.draft != NGRAM:
+            raise ValueError("Give either --pair or --target/--draft, not both.")
+        return find_pair(args.pair)
+    if args.target == OFFLINE_DEFAULT and args.draft == NGRAM:
+        return DEFAULT_PAIR
+    return custom_pair(args.target, args.draft, allow_local=True)  # the command line may name directories
 
 
 def generate_command(args: argparse.Namespace) -> int:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)
-    speculative = SpeculativeConfig(num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens)
+    pair = cli_pair(args)
+    speculative = SpeculativeConfig(
+        num_draft_tokens=args.num_draft_tokens,
+        max_new_tokens=args.max_new_tokens,
+        draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
+    )
     check_prompt(args.prompt)
-    target = load_model(args.target, _progress)
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True)
     prompt_ids = chat_prompt_ids(target, args.prompt, chat=not args.no_chat)  # [1, T]
     check_prompt_fits(prompt_ids.shape[1], speculative.max_new_tokens, target.context_length)
     started = time.perf_counter()
@@ -96,7 +103,7 @@ def generate_command(args: argparse.Namespace) -> int:
             )
         )
     else:
-        drafter = make_drafter(args.draft, target, sampling, speculative)
+        drafter = make_drafter(target, draft, sampling, speculative)
         rounds = list(
             speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids)
         )
@@ -107,8 +114,9 @@ def generate_command(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
+                    "pair": pair.key,
                     "target": target.name,
-                    "draft": None if args.baseline else args.draft,
+                    "draft": None if args.baseline else pair.drafter,
                     "device": str(target.device),
                     "prompt_token_ids": prompt_ids[0].tolist(),
                     "generated_token_ids": generated,
@@ -122,7 +130,7 @@ def generate_command(args: argparse.Namespace) -> int:
     decode = partial(target.tokenizer.decode, skip_special_tokens=False)
     print(ansi_text(token_spans(rounds, decode)))
     print(
-        f"\n{stats.num_generated} tokens in {stats.num_target_forwards} target passes, "
+        f"\n{target.description}: {stats.num_generated} tokens in {stats.num_target_forwards} target passes, "
         f"{stats.tokens_per_second:.1f} tokens/s, acceptance {stats.acceptance_rate:.0%}, "
         f"{stats.mean_tokens_per_round:.2f} tokens per pass",
         file=sys.stderr,
@@ -157,6 +165,9 @@ def bench_command(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "pairs":
+        print(pairs_table())
+        return 0
     command = generate_command if args.command == "generate" else bench_command
     try:
         return command(args)

@@ -14,8 +14,8 @@ import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
-from specdemo.drafters import NgramDrafter
 from specdemo.models import LoadedModel, chat_prompt_ids
+from specdemo.pairs import make_drafter
 from specdemo.rejection import reference_rejection_sample, rejection_sample
 from specdemo.stats import run_stats
 
@@ -86,7 +86,7 @@ def bench_methods(loaded: LoadedModel, num_draft_tokens: int, max_new_tokens: in
         return [token for round_ in rounds for token in round_.emitted_token_ids]
 
     def ours_speculative(prompt_ids: torch.Tensor) -> list[int]:
-        drafter = NgramDrafter(speculative.max_ngram_size)
+        drafter = make_drafter(loaded, None, greedy, speculative)
         rounds = speculative_generate(model, drafter, prompt_ids, greedy, speculative, eos)
         return [token for round_ in rounds for token in round_.emitted_token_ids]
 
@@ -143,16 +143,10 @@ def run_bench(
                 outputs[name], elapsed = _timed(methods[name], prompt_ids)
                 seconds[name].append(elapsed)
         # One more speculative run for its rounds: acceptance and overhead are counts, not timings.
-        drafter = NgramDrafter()
+        speculative = SpeculativeConfig(num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens)
+        drafter = make_drafter(loaded, None, SamplingConfig(), speculative)
         rounds = list(
-            speculative_generate(
-                loaded.model,
-                drafter,
-                prompt_ids,
-                SamplingConfig(),
-                SpeculativeConfig(num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens),
-                loaded.eos_token_ids,
-            )
+            speculative_generate(loaded.model, drafter, prompt_ids, SamplingConfig(), speculative, loaded.eos_token_ids)
         )
         stats = run_stats(rounds)
         num_tokens = len(outputs[names[0]])

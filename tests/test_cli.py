@@ -26,7 +26,10 @@ PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesd
         (["--num-draft-tokens", "17"], "num-draft-tokens must be between 1 and 16"),
         (["--max-new-tokens", "0"], "max-new-tokens must be between 1 and 2048"),
         (["--seed", "-3"], "seed must be between 0 and"),
-        (["--target", "gpt-17"], "Unknown model 'gpt-17'"),
+        (["--target", "gpt-17"], "'gpt-17' is not a valid model id"),
+        (["--pair", "fastest"], "Unknown pair 'fastest'"),
+        (["--pair", "smollm2-135m-self", "--draft", "x/y"], "Give either --pair or --target/--draft"),
+        (["--draft-temperature", "-2"], "draft temperature must be in [0, 10]"),
     ],
 )
 def test_bad_settings_exit_2_with_one_sentence(arguments, message, capsys):

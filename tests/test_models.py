@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,11 +13,12 @@ import torch
 from specdemo.models import (
     OFFLINE_DEFAULT,
     KVCachedModel,
+    ModelCache,
     load_model,
-    offline_smollm2_dir,
     pick_device,
     resolve_source,
 )
+from specdemo.offline import OFFLINE_MODELS, offline_source
 
 
 def fresh_logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -45,7 +49,7 @@ def test_all_positions_of_a_verification_match_a_fresh_pass(tiny_target):
 
 
 def test_unknown_names_are_refused_with_the_way_forward():
-    with pytest.raises(ValueError, match=r"Unknown model 'gpt-17'.*smollm2-135m-instruct"):
+    with pytest.raises(ValueError, match=r"'gpt-17' is not a valid model id: use one of 'smollm2-135m-instruct'"):
         resolve_source("gpt-17", print)
 
 
@@ -65,10 +69,53 @@ def test_specdemo_device_forces_the_device(monkeypatch):
 
 
 def test_offline_default_loads_from_the_converted_cache_in_seconds(offline_model):
-    directory = offline_smollm2_dir(print)  # converted already by the fixture
+    directory = Path(offline_source(OFFLINE_MODELS[OFFLINE_DEFAULT], print))  # converted already by the fixture
     assert (directory / "model.safetensors").is_file()
     started = time.perf_counter()
     again = load_model(OFFLINE_DEFAULT, device=torch.device("cpu"))
     seconds = time.perf_counter() - started
     assert again.model.config.vocab_size == 49152
     assert seconds < 15, f"second start took {seconds:.1f} s; the safetensors cache is not being used"
+
+
+class CountingLoader:
+    """Stands in for load_model: records each load, slowly, so concurrent requests overlap."""
+
+    def __init__(self) -> None:
+        self.loads: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, name: str, progress, **options) -> str:
+        time.sleep(0.2)
+        with self.lock:
+            self.loads.append(name)
+        if name == "broken/model":
+            raise ValueError("Could not load 'broken/model'")
+        return f"model:{name}"
+
+
+def test_cache_evicts_least_recently_used_but_never_the_pinned_default():
+    loader = CountingLoader()
+    cache = ModelCache(loader, capacity=2, pinned="default")
+    for name in ["default", "a/one", "a/two", "a/one", "a/three"]:  # a/one used again, so a/two is oldest
+        cache.get(name)
+    assert list(cache.models) == ["default", "a/one", "a/three"]
+    assert loader.loads == ["default", "a/one", "a/two", "a/three"]
+
+
+def test_concurrent_requests_load_a_model_once():
+    loader = CountingLoader()
+    cache = ModelCache(loader)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda _: cache.get("a/model"), range(8)))
+    assert results == ["model:a/model"] * 8
+    assert loader.loads == ["a/model"]
+
+
+def test_a_failed_load_leaves_nothing_behind():
+    loader = CountingLoader()
+    cache = ModelCache(loader)
+    cache.get("a/model")
+    with pytest.raises(ValueError, match="broken/model"):
+        cache.get("broken/model")
+    assert list(cache.models) == ["a/model"]

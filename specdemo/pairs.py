@@ -1,0 +1,180 @@
+"""The registry of draft/target pairs: data, not code paths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdemo.models import OFFLINE_DEFAULT, LoadedModel, ModelCache, Progress, check_model_name, check_same_tokenizer
+
+NGRAM = "ngram"  # the prompt-lookup drafter: no model, works with any target
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A target and its drafter, with why the pair is worth watching."""
+
+    key: str
+    label: str
+    target: str  # an offline model name or a Hub id
+    drafter: str  # NGRAM, or a model name sharing the target's tokenizer
+    note: str
+    needs_hub: bool  # False: runs with no network (offline packages)
+    suggested_hardware: str  # "cpu" or "gpu"
+    draft_temperature: float | None = None  # None: the draft samples with the target's settings
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.drafter != NGRAM
+
+
+PAIRS: tuple[Pair, ...] = (
+    Pair(
+        "smollm2-135m-ngram",
+        "SmolLM2-135M-Instruct + prompt lookup (offline)",
+        OFFLINE_DEFAULT,
+        NGRAM,
+        "No draft model at all: copies text that followed the same n-gram earlier; shines on summaries, edits "
+        "and extraction, idles on free writing.",
+        needs_hub=False,
+        suggested_hardware="cpu",
+    ),
+    Pair(
+        "smollm2-135m-self",
+        "SmolLM2-135M-Instruct drafting for itself (offline)",
+        OFFLINE_DEFAULT,
+        OFFLINE_DEFAULT,
+        "A teaching pair: with identical settings every draft is accepted; a hotter draft "
+        "temperature shows rejections and resamples, and the output is still exactly the target's.",
+        needs_hub=False,
+        suggested_hardware="cpu",
+        draft_temperature=1.5,
+    ),
+    Pair(
+        "gemma-3-270m-ngram",
+        "Gemma 3 270M + prompt lookup (offline, optional package)",
+        "gemma-3-270m",
+        NGRAM,
+        "A base model with a 262k-token vocabulary: verification reads a much wider distribution per position.",
+        needs_hub=False,
+        suggested_hardware="cpu",
+    ),
+    Pair(
+        "smollm2-135m-360m",
+        "SmolLM2-135M → SmolLM2-360M-Instruct",
+        "HuggingFaceTB/SmolLM2-360M-Instruct",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "Same family, 2.7× the size: high acceptance, modest gain.",
+        needs_hub=True,
+        suggested_hardware="cpu",
+    ),
+    Pair(
+        "smollm2-135m-1.7b",
+        "SmolLM2-135M → SmolLM2-1.7B-Instruct",
+        "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "The pair of the original write-up: a 12× cheaper draft.",
+        needs_hub=True,
+        suggested_hardware="gpu",
+    ),
+    Pair(
+        "qwen2.5-0.5b-1.5b",
+        "Qwen2.5-0.5B → Qwen2.5-1.5B-Instruct",
+        "Qwen/Qwen2.5-1.5B-Instruct",
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        "A close pair: acceptance stays high even when sampling.",
+        needs_hub=True,
+        suggested_hardware="gpu",
+    ),
+    Pair(
+        "qwen2.5-0.5b-7b",
+        "Qwen2.5-0.5B → Qwen2.5-7B-Instruct",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        "A 15× size gap, the regime where speculation pays most on a GPU.",
+        needs_hub=True,
+        suggested_hardware="gpu",
+    ),
+    Pair(
+        "llama-3.2-1b-3.1-8b",
+        "Llama-3.2-1B → Llama-3.1-8B-Instruct",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Llama-3.2-1B-Instruct",
+        "Across releases of one tokenizer (gated on the Hub: accept the licence).",
+        needs_hub=True,
+        suggested_hardware="gpu",
+    ),
+    Pair(
+        "gemma-3-270m-1b",
+        "gemma-3-270m-it → gemma-3-1b-it",
+        "google/gemma-3-1b-it",
+        "google/gemma-3-270m-it",
+        "The smallest Gemma drafting for the next size up (gated on the Hub: accept the licence).",
+        needs_hub=True,
+        suggested_hardware="gpu",
+    ),
+)
+PAIRS_BY_KEY = {pair.key: pair for pair in PAIRS}
+DEFAULT_PAIR = PAIRS[0]
+
+
+def find_pair(key: str) -> Pair:
+    if key not in PAIRS_BY_KEY:
+        raise ValueError(f"Unknown pair '{str(key)[:80]}': choose one of {', '.join(PAIRS_BY_KEY)}, or 'custom'.")
+    return PAIRS_BY_KEY[key]
+
+
+def custom_pair(target: str, drafter: str, allow_local: bool = False) -> Pair:
+    """A pair of ids a user typed; the drafter may also be NGRAM. Checked for syntax here, for tokenizers on load."""
+    check_model_name(target, allow_local)
+    if drafter != NGRAM:
+        check_model_name(drafter, allow_local)
+    return Pair(
+        "custom",
+        f"{target} drafted by {drafter}",
+        target,
+        drafter,
+        "Your own pair.",
+        needs_hub=True,
+        suggested_hardware="gpu",
+    )
+
+
+def pairs_table() -> str:
+    """The pairs as the CLI lists them."""
+    lines = [f"{'key':22s} {'network':8s} {'hardware':8s} label"]
+    for pair in PAIRS:
+        lines.append(
+            f"{pair.key:22s} {'Hub' if pair.needs_hub else 'offline':8s} {pair.suggested_hardware:8s} "
+            f"{pair.label}\n{'':40s}{pair.note}"
+        )
+    return "\n".join(lines)
+
+
+def load_pair(
+    pair: Pair,
+    cache: ModelCache,
+    progress: Progress = lambda message: None,
+    device: torch.device | None = None,
+    allow_local: bool = False,
+) -> tuple[LoadedModel, LoadedModel | None]:
+    """The pair's target and draft model (None for prompt lookup), through the shared cache; refuses a draft
+    whose tokenizer differs from the target's before anything runs."""
+    target = cache.get(pair.target, progress, device=device, allow_local=allow_local)
+    if not pair.uses_draft_model:
+        return target, None
+    draft = cache.get(pair.drafter, progress, device=target.device, allow_local=allow_local)
+    check_same_tokenizer(target, draft)
+    return target, draft
+
+
+def make_drafter(
+    target: LoadedModel, draft: LoadedModel | None, sampling: SamplingConfig, speculative: SpeculativeConfig
+) -> Drafter:
+    """A fresh drafter for one run (its KV cache is its own): prompt lookup, or the draft model."""
+    if draft is None:
+        return NgramDrafter(speculative.max_ngram_size, speculative.min_ngram_size)
+    return ModelDrafter(draft.model, speculative.draft_sampling(sampling), target.vocab_size)
