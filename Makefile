@@ -2,9 +2,9 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-local.txt | cksum | cut -d' ' -f1)
-DEMO_PROMPT := Correct the spelling mistakes: The quartely planing meeting is moved from Tuesday to Thursday.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install demo test lint bench
+.PHONY: install chromium demo test lint bench
 
 $(STAMP): requirements.txt requirements-local.txt
 	python3 -m venv $(VENV)
@@ -18,14 +18,19 @@ $(STAMP): requirements.txt requirements-local.txt
 
 install: $(STAMP)
 
+# Debian's Chromium for the browser tests (playwright drives it; no browser download).
+chromium:
+	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
 demo: install
-	$(PY) -m specdemo generate --prompt "$(DEMO_PROMPT)"
+	$(PY) app.py
 
 lint: install
 	$(PY) -m ruff check .
 
-test: lint
-	$(PY) -m pytest
+test: lint chromium
+	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest
 
 bench: install
 	$(PY) -m specdemo bench

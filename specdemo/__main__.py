@@ -11,11 +11,11 @@ from pathlib import Path
 
 from specdemo.bench import bench_rejection_sampler, markdown_table, run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, check_prompt_fits
-from specdemo.decoding import Round, autoregressive_generate, speculative_generate
+from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.models import OFFLINE_DEFAULT, ModelCache, chat_prompt_ids, load_model
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, Pair, custom_pair, find_pair, load_pair, make_drafter, pairs_table
 from specdemo.render import ansi_text, token_spans
-from specdemo.stats import run_stats
+from specdemo.stats import round_record, run_stats
 
 EXIT_BAD_INPUT = 2  # as argparse uses for bad arguments
 
@@ -55,22 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output", default="bench-results/bench.json", help="where the JSON results go")
     bench.add_argument("--markdown", metavar="JSON", help="print the README table of an earlier run's JSON and exit")
     return parser
-
-
-def round_record(round_: Round) -> dict:
-    return {
-        "draft_token_ids": round_.draft_token_ids,
-        "num_accepted": round_.num_accepted,
-        "next_token_id": round_.next_token_id,
-        "next_kind": round_.next_kind,
-        "target_probs": round_.target_probs,
-        "draft_probs": round_.draft_probs,
-        "acceptance_probs": round_.acceptance_probs,
-        "uniforms": round_.uniforms,
-        "draft_seconds": round_.draft_seconds,
-        "verify_seconds": round_.verify_seconds,
-        "other_seconds": round_.other_seconds,
-    }
 
 
 def cli_pair(args: argparse.Namespace) -> Pair:

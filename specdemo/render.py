@@ -1,12 +1,14 @@
-"""Pure: rounds -> token spans with their outcome and numbers, and their coloured terminal rendering."""
+"""Pure: rounds -> token spans with their outcome and numbers, rendered as escaped HTML or coloured terminal text."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from specdemo.decoding import Round
+from specdemo.stats import Comparison, RunStats
 
 Kind = Literal["accepted", "rejected", "resampled", "bonus"]
 Decode = Callable[
@@ -36,44 +38,47 @@ def token_text(decode: Decode, context_ids: Sequence[int], token_id: int) -> str
     return decode([*context, token_id])[len(decode(context)) :]
 
 
-def token_spans(rounds: Sequence[Round], decode: Decode) -> list[TokenSpan]:
-    """Every accepted, rejected, resampled and bonus token, in the order they were proposed or emitted."""
-    emitted: list[int] = []
+def round_spans(round_: Round, decode: Decode, emitted: list[int]) -> list[TokenSpan]:
+    """One round's tokens in the order they were proposed or emitted; appends its emitted ids to `emitted`."""
     spans: list[TokenSpan] = []
-    for round_ in rounds:
-        refused: list[int] = []  # rejected drafts of this round, decoded after each other where they were proposed
-        for position, token in enumerate(round_.draft_token_ids):
-            accepted = position < round_.num_accepted
-            tested = position <= round_.num_accepted and position < len(round_.uniforms)
-            context = emitted + refused
-            spans.append(
-                TokenSpan(
-                    text=token_text(decode, context, token),
-                    kind="accepted" if accepted else "rejected",
-                    round_index=round_.index,
-                    token_id=token,
-                    target_prob=round_.target_probs[position],
-                    draft_prob=round_.draft_probs[position],
-                    acceptance_prob=round_.acceptance_probs[position],
-                    uniform=round_.uniforms[position] if tested else None,
-                )
+    refused: list[int] = []  # rejected drafts of this round, decoded after each other where they were proposed
+    for position, token in enumerate(round_.draft_token_ids):
+        accepted = position < round_.num_accepted
+        tested = position <= round_.num_accepted
+        spans.append(
+            TokenSpan(
+                text=token_text(decode, emitted + refused, token),
+                kind="accepted" if accepted else "rejected",
+                round_index=round_.index,
+                token_id=token,
+                target_prob=round_.target_probs[position],
+                draft_prob=round_.draft_probs[position],
+                acceptance_prob=round_.acceptance_probs[position],
+                uniform=round_.uniforms[position] if tested else None,
             )
-            (emitted if accepted else refused).append(token)
-        if round_.next_token_id is not None and round_.next_kind is not None:
-            spans.append(
-                TokenSpan(
-                    text=token_text(decode, emitted, round_.next_token_id),
-                    kind=round_.next_kind,
-                    round_index=round_.index,
-                    token_id=round_.next_token_id,
-                    target_prob=round_.next_token_prob,
-                    draft_prob=None,
-                    acceptance_prob=None,
-                    uniform=None,
-                )
+        )
+        (emitted if accepted else refused).append(token)
+    if round_.next_token_id is not None and round_.next_kind is not None:
+        spans.append(
+            TokenSpan(
+                text=token_text(decode, emitted, round_.next_token_id),
+                kind=round_.next_kind,
+                round_index=round_.index,
+                token_id=round_.next_token_id,
+                target_prob=round_.next_token_prob,
+                draft_prob=None,
+                acceptance_prob=None,
+                uniform=None,
             )
-            emitted.append(round_.next_token_id)
+        )
+        emitted.append(round_.next_token_id)
     return spans
+
+
+def token_spans(rounds: Sequence[Round], decode: Decode) -> list[TokenSpan]:
+    """Every accepted, rejected, resampled and bonus token of a run."""
+    emitted: list[int] = []
+    return [span for round_ in rounds for span in round_spans(round_, decode, emitted)]
 
 
 ANSI_STYLES: dict[Kind, str] = {
@@ -90,3 +95,128 @@ def ansi_text(spans: Sequence[TokenSpan]) -> str:
     legend = " ".join(f"{ANSI_STYLES[kind]}{kind}{ANSI_RESET}" for kind in ANSI_STYLES)
     body = "".join(f"{ANSI_STYLES[span.kind]}{span.text}{ANSI_RESET}" for span in spans)
     return f"{legend}\n{body}"
+
+
+def _tooltip(span: TokenSpan) -> str:
+    """The numbers behind a token, for its native hover tooltip."""
+    parts = [f"{span.kind}, round {span.round_index + 1}", f"token id {span.token_id}"]
+    if span.target_prob is not None:
+        parts.append(f"target p = {span.target_prob:.4f}")
+    if span.draft_prob is not None:
+        parts.append(f"draft q = {span.draft_prob:.4f}")
+    if span.acceptance_prob is not None:
+        parts.append(f"accept with min(1, p/q) = {span.acceptance_prob:.4f}")
+    if span.uniform is not None:
+        parts.append(f"uniform draw u = {span.uniform:.4f}")
+    elif span.kind == "rejected":
+        parts.append("not tested: an earlier draft of this round was rejected")
+    return " · ".join(parts)
+
+
+def html_spans(spans: Sequence[TokenSpan]) -> str:
+    """Token spans as HTML, each text escaped, with a marker where every round but the first begins.
+
+    No wrapping element, so a growing run is a growing string (Gradio then streams only the new part).
+    """
+    pieces: list[str] = []
+    current_round = None
+    for span in spans:
+        if span.round_index != current_round and span.round_index > 0:
+            pieces.append(f'<span class="round-sep" title="round {span.round_index + 1}"></span>')
+        current_round = span.round_index
+        text = html.escape(span.text, quote=True)
+        pieces.append(
+            f'<span class="tok tok-{span.kind}" title="{html.escape(_tooltip(span), quote=True)}">{text}</span>'
+        )
+    return "".join(pieces)
+
+
+LEGEND_HTML = " ".join(
+    f'<span class="tok tok-{kind}" title="{meaning}">{kind}</span>'
+    for kind, meaning in (
+        ("accepted", "a draft token the target accepted"),
+        ("rejected", "a draft token the target refused (struck through, where it was proposed)"),
+        ("resampled", "the target's own token after a rejection, from norm(max(0, p - q))"),
+        ("bonus", "the extra target token after all drafts were accepted"),
+    )
+)
+
+# Translucent backgrounds and inherited text colour: readable in the light and the dark theme.
+TOKEN_CSS = """
+.tokens { white-space: pre-wrap; line-height: 1.9; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
+          font-size: 0.95em; overflow-wrap: anywhere; }
+.tok { color: inherit; border-radius: 3px; padding: 1px 0; }
+.tok-accepted { background: rgba(34, 160, 80, .30); }
+.tok-rejected { background: rgba(220, 50, 50, .28); text-decoration: line-through; opacity: .8; }
+.tok-resampled { background: rgba(235, 160, 20, .38); }
+.tok-bonus { background: rgba(50, 120, 230, .32); }
+.round-sep { display: inline-block; width: 0; height: 1.2em; margin: 0 2px; vertical-align: middle;
+             border-left: 1px dashed rgba(128, 128, 128, .7); }
+"""
+
+
+def _row(label: str, stats: RunStats) -> str:
+    return (
+        f"| {label} | {stats.num_generated} | {stats.wall_seconds:.2f} | {stats.tokens_per_second:.1f} | "
+        f"{stats.num_target_forwards} |"
+    )
+
+
+def summary_markdown(
+    spec: RunStats,
+    num_draft_tokens: int,
+    baseline: RunStats | None = None,
+    comparison: Comparison | None = None,
+    draft_alone: RunStats | None = None,
+    greedy: bool = False,
+) -> str:
+    """The run in numbers; with a baseline, the speedup, the formula's prediction and an honest reading."""
+    lines = [
+        "| run | tokens | seconds | tokens/s | model passes |",
+        "|---|---|---|---|---|",
+        _row("speculative", spec),
+    ]
+    if baseline is not None:
+        lines.append(_row("target alone", baseline))
+    if draft_alone is not None:
+        lines.append(_row("draft alone", draft_alone))
+    lines += [
+        "",
+        (
+            f"Acceptance α = {spec.acceptance_rate:.2f} · {spec.mean_tokens_per_round:.2f} tokens per target "
+            f"pass · {spec.overhead_fraction:.1%} of the time outside model passes"
+        ),
+    ]
+    if comparison is None:
+        return "\n".join(lines)
+    c = comparison
+    lines += [
+        "",
+        (
+            f"**Speedup {c.speedup:.2f}×** over the target alone. The formula (1−α^(K+1)) / ((1−α)(Kc+1)) with "
+            f"α = {c.acceptance_rate:.2f}, K = {num_draft_tokens} and the measured c = {c.cost_ratio:.3f} predicts "
+            f"{c.expected_speedup:.2f}×; the best K for these α and c is {c.best_num_draft_tokens}."
+        ),
+    ]
+    if greedy:
+        lines.append("")
+        lines.append(
+            "Greedy check: the two texts are **identical**, token for token."
+            if c.identical
+            else "Greedy check: the two texts **differ** (float32 near-ties can flip an argmax; see the trace)."
+        )
+    if c.speedup < 1.0:
+        lines += [
+            "",
+            (
+                "Speculation was slower here. "
+                + (
+                    f"Acceptance was low (α = {c.acceptance_rate:.2f}), so most verification passes bought one token. "
+                    if c.acceptance_rate < 0.5
+                    else ""
+                )
+                + f"On this device a verification pass costs {c.verify_cost_ratio:.2f}× a one-token step, which the "
+                "formula (it assumes 1×) does not count."
+            ),
+        ]
+    return "\n".join(lines)

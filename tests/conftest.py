@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdemo.models import OFFLINE_DEFAULT, LoadedModel, load_model
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
 
 TINY_VOCAB = 32  # small, so sampled-distribution tests have statistical power with a few thousand runs
 
@@ -61,3 +65,17 @@ def tiny_draft() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def offline_model() -> LoadedModel:
     return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def app(offline_model) -> str:
+    """The app launched in-process on the offline default (already loaded); yields its local URL."""
+    from specdemo.models import ModelCache
+    from specdemo.ui import build_demo
+
+    cache = ModelCache(pinned=offline_model.name)
+    cache.models[offline_model.name] = offline_model
+    demo = build_demo(cache)
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
+    yield url
+    demo.close()

@@ -1,0 +1,89 @@
+"""A real browser (Debian's Chromium, driven by playwright) uses the page as a person would."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+# No background networking: this machine's closed network refuses those connections.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+def open_page(browser, url: str, theme: str = "light"):
+    page = browser.new_page(viewport={"width": 1400, "height": 1300})
+    page.goto(f"{url}?__theme={theme}", wait_until="domcontentloaded")
+    page.wait_for_selector("#prompt textarea")
+    return page
+
+
+def run_first_example(page) -> None:
+    page.get_by_text("Correct the spelling mistakes", exact=False).first.click()
+    page.wait_for_function("document.querySelector('#prompt textarea').value.includes('quartely')")
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+
+
+def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = open_page(browser, app)
+    run_first_example(page)
+    kinds = page.eval_on_selector_all("#tokens .tok", "spans => [...new Set(spans.map(s => s.classList[1]))]")
+    assert "tok-accepted" in kinds and ("tok-bonus" in kinds or "tok-resampled" in kinds)
+    for kind in kinds:  # each outcome that occurred has its own visible colour
+        colour = page.eval_on_selector(f"#tokens .{kind}", "span => getComputedStyle(span).backgroundColor")
+        assert colour not in ("rgba(0, 0, 0, 0)", "transparent"), kind
+    title = page.get_attribute("#tokens .tok-accepted", "title")
+    assert "target p =" in title and "uniform draw u =" in title
+    for chart in ("#acceptance-chart", "#latency-chart"):
+        page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg", timeout=30_000)
+    assert "identical" in page.inner_text("#summary")
+    page.screenshot(path=str(ARTIFACTS / "run-light.png"), full_page=True)
+    page.screenshot(path=str(ASSETS / "screenshot.png"), full_page=True)
+    page.close()
+
+
+def test_dark_theme_keeps_tokens_readable(browser, app):
+    page = open_page(browser, app, theme="dark")
+    run_first_example(page)
+    text_colour = page.eval_on_selector("#tokens .tok-accepted", "span => getComputedStyle(span).color")
+    assert text_colour != "rgb(0, 0, 0)", "token text stayed black on the dark theme"
+    page.screenshot(path=str(ARTIFACTS / "run-dark.png"), full_page=True)
+    page.close()
+
+
+def test_stop_halts_the_stream(browser, app):
+    page = open_page(browser, app)
+    page.fill("#prompt textarea", "Write a long story about a dragon who learns to bake bread.")
+    page.click("#run")
+    page.wait_for_function("document.querySelectorAll('#tokens .tok').length >= 10", timeout=60_000)
+    page.locator("#stop").click(force=True)
+    page.wait_for_timeout(1000)
+    count = page.locator("#tokens .tok").count()
+    page.wait_for_timeout(2000)
+    assert page.locator("#tokens .tok").count() == count, "tokens kept arriving after Stop"
+    assert "Speedup" not in page.inner_text("#summary")  # the comparison never ran
+    page.close()
