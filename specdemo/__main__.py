@@ -9,7 +9,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from specdemo.bench import bench_rejection_sampler, markdown_table, run_bench
+from specdemo.bench import bench_app, bench_rejection_sampler, markdown_table, run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, check_prompt_fits
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.models import OFFLINE_DEFAULT, ModelCache, chat_prompt_ids, load_model
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=2, help="timed runs of each method per prompt (median)")
     bench.add_argument("--output", default="bench-results/bench.json", help="where the JSON results go")
     bench.add_argument("--markdown", metavar="JSON", help="print the README table of an earlier run's JSON and exit")
+    bench.add_argument("--app", action="store_true", help="measure the app's streaming overhead instead")
     return parser
 
 
@@ -125,6 +126,10 @@ def generate_command(args: argparse.Namespace) -> int:
 def bench_command(args: argparse.Namespace) -> int:
     if args.markdown:
         print(markdown_table(json.loads(Path(args.markdown).read_text())))
+        return 0
+    if args.app:
+        for row in bench_app(max_new_tokens=args.max_new_tokens):
+            print(json.dumps(row))
         return 0
     if args.repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {args.repeats}.")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -38,7 +40,9 @@ except ImportError:
 
 CUSTOM = "custom"
 UI_MAX_NEW_TOKENS = 512  # the slider's end: a run stays well under a minute on a CPU
-CHART_INTERVAL_SECONDS = 0.35  # charts are re-sent whole, so at most ~3 updates a second
+CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~28 ms to build four): at most 2 updates a second
+TOKENS_INTERVAL_SECONDS = 0.1  # tokens stream in batches of rounds, so the page's work never slows the engine
+ABANDONED_SECONDS = 0.6  # a run whose page stopped asking for rounds this long ago was cancelled
 QUEUE_SIZE = 16  # waiting runs beyond this are told the app is busy
 
 EXAMPLES = [
@@ -311,8 +315,59 @@ def describe_pair(pair_key: str) -> tuple:
     return pair.note, gr.update(visible=False), gr.update(visible=False), draft_temperature
 
 
+_DONE = object()
+
+
+def rounds_in_background(rounds: Iterator[Round], interval: float) -> Iterator[list[Round]]:
+    """Run the engine in its own thread and yield the rounds that arrived, at most every `interval` seconds.
+
+    The engine stops after the round in progress once this generator is closed, or once the page has not come back
+    for ABANDONED_SECONDS after taking a batch: Gradio stops iterating a cancelled run (Stop, a closed tab) without
+    closing it.
+    """
+    arrived: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    suspended_since: list[float | None] = [None]  # when the page last handed rounds out and has not come back
+
+    def work() -> None:
+        try:
+            for round_ in rounds:
+                arrived.put(round_)
+                since = suspended_since[0]
+                if stop.is_set() or (since is not None and time.monotonic() - since > ABANDONED_SECONDS):
+                    break
+        except Exception as error:  # handed to the page's thread, which raises it there
+            arrived.put(error)
+        finally:
+            rounds.close()  # type: ignore[attr-defined]
+            arrived.put(_DONE)
+
+    worker = threading.Thread(target=work, name="specdemo-engine", daemon=True)
+    worker.start()
+    try:
+        finished = False
+        while not finished:
+            batch, deadline = [arrived.get()], time.monotonic() + interval
+            while batch[-1] is not _DONE and not isinstance(batch[-1], Exception):
+                try:
+                    batch.append(arrived.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            finished = batch[-1] is _DONE or isinstance(batch[-1], Exception)
+            if isinstance(batch[-1], Exception):
+                raise batch[-1]
+            rounds_now = [item for item in batch if item is not _DONE]
+            if rounds_now:
+                suspended_since[0] = time.monotonic()
+                yield rounds_now
+                suspended_since[0] = None
+    finally:
+        stop.set()
+        worker.join(timeout=10)
+
+
 def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | None, prompt_ids) -> Iterator[tuple]:
-    """Yield (tokens, summary, four charts, trace) as rounds arrive, charts at most ~3 times a second; then the
+    """Yield (tokens, summary, four charts, trace) as rounds arrive, charts at most twice a second; then the
     comparison runs; the last update carries every output."""
     sampling, speculative = request.sampling, request.speculative
     decode = partial(target.tokenizer.decode, skip_special_tokens=False)
@@ -320,9 +375,10 @@ def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | No
     rounds: list[Round] = []
     emitted: list[int] = []
     tokens_html, last_chart = "", 0.0
-    for round_ in speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids):
-        rounds.append(round_)
-        tokens_html += html_spans(round_spans(round_, decode, emitted))
+    engine = speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids)
+    for batch in rounds_in_background(engine, TOKENS_INTERVAL_SECONDS):
+        rounds.extend(batch)
+        tokens_html += "".join(html_spans(round_spans(round_, decode, emitted)) for round_ in batch)
         summary = summary_markdown(run_stats(rounds), speculative.num_draft_tokens)
         if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS:
             last_chart = time.monotonic()
@@ -331,37 +387,43 @@ def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | No
             yield tokens_html, summary, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
     baseline: list[Round] = []
-    draft_alone = None
+    draft_alone: list[Round] = []
     if request.compare:
-        yield (
-            tokens_html,
-            summary + "\n\n*Now decoding with the target alone, to compare…*",
-            *charts(rounds, speculative.num_draft_tokens),
-            gr.skip(),
-        )
-        baseline = list(
-            autoregressive_generate(
-                target.model, prompt_ids, sampling, speculative.max_new_tokens, target.eos_token_ids
+        comparisons = [
+            (
+                "target alone",
+                baseline,
+                autoregressive_generate(
+                    target.model, prompt_ids, sampling, speculative.max_new_tokens, target.eos_token_ids
+                ),
             )
-        )
+        ]
         if draft is not None and draft is not target:
-            draft_alone = run_stats(
-                list(
+            comparisons.append(
+                (
+                    "draft alone",
+                    draft_alone,
                     autoregressive_generate(
                         draft.model,
                         prompt_ids,
                         speculative.draft_sampling(sampling),
                         speculative.max_new_tokens,
                         draft.eos_token_ids,
-                    )
+                    ),
                 )
             )
+        yield tokens_html, summary, *charts(rounds, speculative.num_draft_tokens), gr.skip()
+        for label, collected, comparison_engine in comparisons:
+            for batch in rounds_in_background(comparison_engine, CHART_INTERVAL_SECONDS):  # Stop works here too
+                collected.extend(batch)
+                note = f"\n\n*Now decoding with the {label}, to compare: {len(collected)} tokens…*"
+                yield tokens_html, summary + note, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
     summary = summary_markdown(
         run_stats(rounds),
         speculative.num_draft_tokens,
         baseline=run_stats(baseline) if baseline else None,
         comparison=compare_runs(rounds, baseline, speculative.num_draft_tokens) if baseline else None,
-        draft_alone=draft_alone,
+        draft_alone=run_stats(draft_alone) if draft_alone else None,
         greedy=sampling.is_greedy,
     )
     trace = _trace_file(request, target, prompt_ids[0].tolist(), rounds, baseline)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from specdemo.render import ANSI_STYLES, ansi_text, token_spans
+from dataclasses import replace
+
+from specdemo.render import ANSI_STYLES, ansi_text, html_spans, summary_markdown, token_spans
+from specdemo.stats import Comparison, run_stats
 from tests.test_stats import make_round
 
 WORDS = {1: " the", 2: " cat", 3: " sat", 4: " on", 5: " a", 6: " mat", 99: "!"}
@@ -38,3 +41,32 @@ def test_ansi_text_colours_every_kind():
     for kind, style in ANSI_STYLES.items():
         assert style in text, kind
     assert f"{ANSI_STYLES['rejected']} on" in text
+
+
+def test_html_escapes_token_text_and_marks_rounds():
+    hostile = {1: "<script>alert(1)</script>", 2: '" onmouseover="x', 99: "</span>"}
+    rounds = [make_round(0, [1], 1, "bonus", 0.1), make_round(1, [2], 0, "resampled", 0.1)]
+    markup = html_spans(token_spans(rounds, lambda ids: "".join(hostile[t] for t in ids)))
+    assert "<script>" not in markup and "&lt;script&gt;" in markup
+    assert '" onmouseover' not in markup and "&quot; onmouseover" in markup
+    assert markup.count("</span>") == markup.count("<span")  # the token "</span>" stays text
+    assert markup.count('class="round-sep"') == 1  # between round 1 and round 2 only
+
+
+def test_summary_is_honest_when_speculation_is_slower():
+    spec = run_stats([make_round(0, [1, 2, 3], 0, "resampled", 0.5)])
+    base = run_stats([make_round(0, [], 0, "bonus", 0.1)])
+    comparison = Comparison(
+        speedup=0.5,
+        acceptance_rate=0.1,
+        tokens_per_pass=1.0,
+        cost_ratio=0.01,
+        verify_cost_ratio=1.6,
+        expected_speedup=1.1,
+        best_num_draft_tokens=1,
+        identical=True,
+    )
+    text = summary_markdown(spec, 3, baseline=base, comparison=comparison, greedy=True)
+    assert "**Speedup 0.50×**" in text and "identical" in text
+    assert "Speculation was slower here" in text and "1.60× a one-token step" in text and "α = 0.10" in text
+    assert "slower" not in summary_markdown(spec, 3, baseline=base, comparison=replace(comparison, speedup=1.4))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdemo.decoding import Round
-from specdemo.stats import best_num_draft_tokens, expected_speedup, run_stats
+from specdemo.stats import best_num_draft_tokens, compare_runs, expected_speedup, run_stats
 
 
 def make_round(index: int, drafts: list[int], num_accepted: int, next_kind: str | None, seconds: float) -> Round:
@@ -54,3 +54,14 @@ def test_expected_speedup_matches_the_paper():
 def test_best_num_draft_tokens_grows_with_acceptance():
     assert best_num_draft_tokens(0.3, 0.2) < best_num_draft_tokens(0.9, 0.2)
     assert best_num_draft_tokens(0.99, 0.0) == 16
+
+
+def test_compare_runs_measures_speedup_costs_and_identity():
+    speculative = [make_round(0, [], 0, "bonus", 0.3), make_round(1, [1, 2, 3], 3, "bonus", 0.2)]  # 5 tokens
+    baseline = [make_round(i, [], 0, "bonus", 0.2) for i in range(5)]  # 5 tokens, one per round
+    comparison = compare_runs(speculative, baseline, num_draft_tokens=3)
+    assert comparison.speedup == pytest.approx((5 / 0.5) / (5 / 1.0))
+    assert comparison.verify_cost_ratio == pytest.approx(0.1 / 0.1)  # verify is half of each round's time
+    assert comparison.cost_ratio == pytest.approx((0.05 / 3) / 0.1)  # a quarter of the round, over 3 drafts
+    assert comparison.acceptance_rate == 1.0
+    assert not comparison.identical  # the test rounds emit different tokens (bonus 99 vs drafts)

@@ -1,0 +1,42 @@
+"""Figures from hand-built rounds: the numbers drawn are the numbers measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdemo.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
+from tests.test_stats import make_round
+
+ROUNDS = [
+    make_round(0, [], 0, "bonus", 0.4),  # the prefill round drafted nothing
+    make_round(1, [1, 2, 3, 4], 4, "bonus", 0.1),  # accepts 4
+    make_round(2, [1, 2, 3, 4], 1, "resampled", 0.1),  # accepts 1, rejects at position 2
+    make_round(3, [1, 2], 0, "resampled", 0.2),  # rejects at position 1
+]
+
+
+def test_acceptance_per_round_and_cumulative():
+    per_round, cumulative = acceptance_figure(ROUNDS).data
+    assert list(per_round.x) == [2, 3, 4]  # the round that drafted nothing has no rate
+    assert list(per_round.y) == [1.0, 0.25, 0.0]
+    assert list(cumulative.y) == pytest.approx([1.0, 5 / 8, 5 / 10])
+
+
+def test_latency_stacks_the_three_phases_in_milliseconds():
+    draft, verify, other = latency_figure(ROUNDS).data
+    assert (draft.name, verify.name, other.name) == ("draft", "verify", "other")
+    assert list(verify.y) == pytest.approx([200.0, 50.0, 50.0, 100.0])
+
+
+def test_acceptance_by_position_counts_only_positions_that_were_tested():
+    by_position, per_round = positions_figure(ROUNDS, num_draft_tokens=4).data
+    # position 1: tested 3 times, accepted twice; position 2: tested twice, accepted once; 3 and 4: once, once
+    assert list(by_position.y) == pytest.approx([2 / 3, 1 / 2, 1.0, 1.0])
+    assert list(per_round.x) == [1, 5, 2, 1]
+
+
+def test_throughput_adds_the_baseline_once_it_exists():
+    assert len(throughput_figure(ROUNDS).data) == 1
+    speculative, baseline = throughput_figure(ROUNDS, ROUNDS[:2]).data
+    assert list(speculative.y) == [1, 6, 8, 9]
+    assert baseline.name == "target alone"
