@@ -195,7 +195,8 @@ def summary_markdown(
         (
             f"**Speedup {c.speedup:.2f}×** over the target alone. The formula (1−α^(K+1)) / ((1−α)(Kc+1)) with "
             f"α = {c.acceptance_rate:.2f}, K = {num_draft_tokens} and the measured c = {c.cost_ratio:.3f} predicts "
-            f"{c.expected_speedup:.2f}×; the best K for these α and c is {c.best_num_draft_tokens}."
+            f"{c.expected_speedup:.2f}×, and the best K for these α and c is {c.best_num_draft_tokens}; the formula "
+            f"takes a verification pass to cost one target step, and here it cost {c.verify_cost_ratio:.2f}×."
         ),
     ]
     if greedy:
@@ -215,8 +216,8 @@ def summary_markdown(
                     if c.acceptance_rate < 0.5
                     else ""
                 )
-                + f"On this device a verification pass costs {c.verify_cost_ratio:.2f}× a one-token step, which the "
-                "formula (it assumes 1×) does not count."
+                + f"On this device a verification pass costs {c.verify_cost_ratio:.2f}× a one-token step, so a "
+                "round must win more tokens than that to pay off."
             ),
         ]
     return "\n".join(lines)

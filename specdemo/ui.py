@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import queue
@@ -160,6 +161,14 @@ def _trace_file(
     return handle.name
 
 
+def check_settings(*values: object) -> None:
+    """The form's values, checked before anything runs; the refusal names the setting."""
+    try:
+        parse_request(*values)  # type: ignore[arg-type]
+    except ValueError as error:  # Gradio shows the message as HTML, and it may quote what the user typed
+        raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from error
+
+
 def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
     """The whole page. `cache` holds loaded models across runs and users (a fresh one by default)."""
     cache = cache or ModelCache(pinned=OFFLINE_DEFAULT)
@@ -204,8 +213,8 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
             target, draft = load_pair(request.pair, cache, lambda message: progress(0.0, desc=message))
             prompt_ids = chat_prompt_ids(target, request.prompt, chat=request.chat)  # [1, T]
             check_prompt_fits(prompt_ids.shape[1], request.speculative.max_new_tokens, target.context_length)
-        except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from error
+        except ValueError as error:  # Gradio shows the message as HTML, and it may quote what the user typed
+            raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from error
         yield from stream_run(request, target, draft, prompt_ids)
 
     with gr.Blocks(title="specdemo: speculative decoding, made visible") as demo:
@@ -290,13 +299,22 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
         outputs = [tokens, summary, acceptance, latency, positions, throughput, trace]
         # preprocess=False: the handler checks the raw values itself, so every refusal names its setting
         # (Gradio's own range check says only "Value -1.0 is less than minimum value 0.").
-        run_event = run.click(
-            generate, inputs=inputs, outputs=outputs, api_name="generate", concurrency_limit=1, preprocess=False
-        )
-        prompt.submit(
-            generate, inputs=inputs, outputs=outputs, api_visibility="private", concurrency_limit=1, preprocess=False
-        )
-        stop.click(None, cancels=[run_event], api_visibility="private")
+        # Settings are checked first in an event with no outputs, so a refusal is a message and the last run's
+        # tokens and charts stay as they were; /generate checks them again for API clients.
+        run_events = []
+        for trigger in (run.click, prompt.submit):
+            checked = trigger(check_settings, inputs=inputs, outputs=None, preprocess=False, api_visibility="private")
+            run_events.append(
+                checked.success(
+                    generate,
+                    inputs=inputs,
+                    outputs=outputs,
+                    concurrency_limit=1,
+                    preprocess=False,
+                    api_name="generate" if trigger == run.click else False,
+                )
+            )
+        stop.click(None, cancels=run_events, api_visibility="private")
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)  # explicit: ZeroGPU would default to 1
     return demo
 

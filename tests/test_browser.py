@@ -87,3 +87,32 @@ def test_stop_halts_the_stream(browser, app):
     assert page.locator("#tokens .tok").count() == count, "tokens kept arriving after Stop"
     assert "Speedup" not in page.inner_text("#summary")  # the comparison never ran
     page.close()
+
+
+HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script></span><b>bold?</b>"
+
+
+def test_markup_in_the_prompt_and_in_model_ids_stays_text(browser, app):
+    page = open_page(browser, app)
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    # Prompt lookup copies the prompt, so the hostile markup comes back as tokens.
+    page.fill("#prompt textarea", f"Repeat this exactly, then stop: {HOSTILE}")
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    tokens = page.locator("#tokens")
+    assert tokens.locator("img, script, b").count() == 0  # nothing the model wrote became an element
+    assert "<" in tokens.inner_text() or "img" in tokens.inner_text()  # the markup is shown as text
+    page.click("#pair input")
+    page.locator("li.item", has_text="Custom: any two Hub ids").click()
+    page.locator("#custom-target textarea, #custom-target input").first.fill(HOSTILE)
+    page.click("#run")
+    toast = page.get_by_text("looks like a file path")
+    toast.wait_for(timeout=30_000)
+    assert "<img src=x onerror=alert(1)>" in toast.inner_text()  # shown literally, not as an element
+    assert page.locator("[class*=toast] img").count() == 0
+    page.wait_for_timeout(500)
+    assert dialogs == []
+    assert tokens.locator(".tok").count() > 0  # the refusal left the previous run's tokens in place
+    page.screenshot(path=str(ARTIFACTS / "markup-as-text.png"), full_page=True)
+    page.close()
