@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass, replace
 
 MAX_NUM_DRAFT_TOKENS = 16  # beyond this, verifying K+1 positions costs more than rejections save
@@ -11,6 +12,8 @@ MAX_TOP_K = 1_000_000  # larger than any vocabulary; 0 disables top-k
 MAX_REPETITION_PENALTY = 10.0  # beyond this every repeated token is effectively banned
 MAX_TEMPERATURE = 10.0  # beyond this the distribution is uniform noise
 MAX_NGRAM_SIZE = 8
+MAX_PROMPT_CHARACTERS = 50_000  # refused before tokenizing: a pasted novel would take seconds just to tokenize
+MAX_PROMPT_TOKENS = 4096  # half the offline default's context, so generation always has room
 
 
 def _check_number(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> None:
@@ -83,15 +86,24 @@ class SpeculativeConfig:
 
 
 def check_prompt(text: str) -> None:
-    """Refuse a prompt with nothing to continue."""
+    """Refuse a prompt with nothing to continue, a huge one, or one with control characters."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("The prompt is empty: type some text for the model to continue.")
+    if len(text) > MAX_PROMPT_CHARACTERS:
+        raise ValueError(f"The prompt is {len(text):,} characters; the limit is {MAX_PROMPT_CHARACTERS:,}: shorten it.")
+    control = next((char for char in text if unicodedata.category(char) == "Cc" and char not in "\n\r\t"), None)
+    if control is not None:
+        raise ValueError(
+            f"The prompt contains the control character U+{ord(control):04X}: remove it (newlines and tabs are fine)."
+        )
 
 
 def check_prompt_fits(num_prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
     """Refuse a prompt that, with the tokens to generate, would not fit in the model's context."""
+    if num_prompt_tokens > MAX_PROMPT_TOKENS:
+        raise ValueError(f"The prompt is {num_prompt_tokens:,} tokens; the limit is {MAX_PROMPT_TOKENS:,}: shorten it.")
     if num_prompt_tokens + max_new_tokens > context_length:
         raise ValueError(
-            f"The prompt is {num_prompt_tokens} tokens and max-new-tokens is {max_new_tokens}, but the model's "
+            f"The prompt is {num_prompt_tokens:,} tokens and max-new-tokens is {max_new_tokens}, but the model's "
             f"context holds {context_length} tokens: shorten the prompt or lower max-new-tokens."
         )

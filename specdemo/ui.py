@@ -17,6 +17,8 @@ import gradio as gr
 
 from specdemo.config import (
     MAX_NUM_DRAFT_TOKENS,
+    MAX_PROMPT_CHARACTERS,
+    MAX_PROMPT_TOKENS,
     SamplingConfig,
     SpeculativeConfig,
     check_prompt,
@@ -44,7 +46,13 @@ UI_MAX_NEW_TOKENS = 512  # the slider's end: a run stays well under a minute on 
 CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~28 ms to build four): at most 2 updates a second
 TOKENS_INTERVAL_SECONDS = 0.1  # tokens stream in batches of rounds, so the page's work never slows the engine
 ABANDONED_SECONDS = 0.6  # a run whose page stopped asking for rounds this long ago was cancelled
-QUEUE_SIZE = 16  # waiting runs beyond this are told the app is busy
+QUEUE_SIZE = 16  # waiting runs beyond this are told the queue is full
+RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so
+LIMITS = (
+    f"Limits: a prompt of up to {MAX_PROMPT_TOKENS:,} tokens ({MAX_PROMPT_CHARACTERS:,} characters), up to "
+    f"{UI_MAX_NEW_TOKENS} new tokens, up to {MAX_NUM_DRAFT_TOKENS} draft tokens per round, "
+    f"{RUN_TIME_BUDGET_SECONDS:.0f} s per run. Runs take turns; up to {QUEUE_SIZE} can wait."
+)
 
 EXAMPLES = [
     [
@@ -81,6 +89,7 @@ class RunRequest:
     speculative: SpeculativeConfig
     chat: bool
     compare: bool
+    allow_local: bool  # the operator allowed local directories (SPECDEMO_ALLOW_LOCAL_PATHS=1)
 
 
 def parse_request(
@@ -105,7 +114,7 @@ def parse_request(
         raise ValueError(f"max new tokens must be between 1 and {UI_MAX_NEW_TOKENS} here, got {max_new_tokens}.")
     allow_local = os.environ.get(LOCAL_PATHS_VARIABLE) == "1"
     pair = (
-        custom_pair(custom_target.strip(), custom_draft.strip() or NGRAM, allow_local)
+        custom_pair(str(custom_target or "").strip(), str(custom_draft or "").strip() or NGRAM, allow_local)
         if pair_key == CUSTOM
         else find_pair(pair_key)
     )
@@ -125,7 +134,7 @@ def parse_request(
         raise ValueError(
             f"max new tokens must be between 1 and {UI_MAX_NEW_TOKENS} here, got {speculative.max_new_tokens}."
         )
-    return RunRequest(prompt, pair, sampling, speculative, bool(chat), bool(compare))
+    return RunRequest(prompt, pair, sampling, speculative, bool(chat), bool(compare), allow_local)
 
 
 def _whole(name: str, value: float | None) -> int:
@@ -161,12 +170,17 @@ def _trace_file(
     return handle.name
 
 
+def user_error(message: str, log: bool = False) -> gr.Error:
+    """Gradio shows an error's message as HTML, and ours may quote what the user typed: escape it."""
+    return gr.Error(html.escape(message, quote=False), print_exception=log)
+
+
 def check_settings(*values: object) -> None:
     """The form's values, checked before anything runs; the refusal names the setting."""
     try:
         parse_request(*values)  # type: ignore[arg-type]
-    except ValueError as error:  # Gradio shows the message as HTML, and it may quote what the user typed
-        raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from error
+    except ValueError as error:
+        raise user_error(str(error)) from error
 
 
 def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
@@ -210,12 +224,20 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                 chat,
                 compare,
             )
-            target, draft = load_pair(request.pair, cache, lambda message: progress(0.0, desc=message))
+            target, draft = load_pair(
+                request.pair, cache, lambda message: progress(0.0, desc=message), allow_local=request.allow_local
+            )
             prompt_ids = chat_prompt_ids(target, request.prompt, chat=request.chat)  # [1, T]
             check_prompt_fits(prompt_ids.shape[1], request.speculative.max_new_tokens, target.context_length)
-        except ValueError as error:  # Gradio shows the message as HTML, and it may quote what the user typed
-            raise gr.Error(html.escape(str(error), quote=False), print_exception=False) from error
-        yield from stream_run(request, target, draft, prompt_ids)
+        except ValueError as error:
+            raise user_error(str(error)) from error
+        try:
+            yield from stream_run(request, target, draft, prompt_ids)
+        except Exception as error:  # a model error, out of memory...: this run fails, the app and its models stay
+            message = f"The run failed ({error.__class__.__name__}: {str(error)[:200]})"
+            raise user_error(
+                f"{message}. The app is still serving: try again, or fewer tokens or a smaller pair.", log=True
+            ) from error
 
     with gr.Blocks(title="specdemo: speculative decoding, made visible") as demo:
         gr.HTML(HEADER, css_template=TOKEN_CSS, elem_id="header")
@@ -261,6 +283,7 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                 with gr.Row():
                     run = gr.Button("Run", variant="primary", elem_id="run")
                     stop = gr.Button("Stop", variant="stop", elem_id="stop")
+                gr.Markdown(LIMITS, elem_id="limits")
                 gr.Examples(EXAMPLES, inputs=[prompt, pair, temperature], cache_examples=False)
                 tokens = gr.HTML(
                     "", label="Tokens", css_template=TOKEN_CSS, elem_id="tokens", elem_classes=["tokens"], min_height=80
@@ -393,9 +416,11 @@ def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | No
     rounds: list[Round] = []
     emitted: list[int] = []
     tokens_html, last_chart = "", 0.0
+    deadline, out_of_time = time.monotonic() + RUN_TIME_BUDGET_SECONDS, False
     engine = speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids)
     for batch in rounds_in_background(engine, TOKENS_INTERVAL_SECONDS):
         rounds.extend(batch)
+        out_of_time = time.monotonic() > deadline
         tokens_html += "".join(html_spans(round_spans(round_, decode, emitted)) for round_ in batch)
         summary = summary_markdown(run_stats(rounds), speculative.num_draft_tokens)
         if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS:
@@ -403,10 +428,12 @@ def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | No
             yield tokens_html, summary, *charts(rounds, speculative.num_draft_tokens), gr.skip()
         else:
             yield tokens_html, summary, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        if out_of_time:
+            break
 
     baseline: list[Round] = []
     draft_alone: list[Round] = []
-    if request.compare:
+    if request.compare and not out_of_time:
         comparisons = [
             (
                 "target alone",
@@ -436,6 +463,12 @@ def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | No
                 collected.extend(batch)
                 note = f"\n\n*Now decoding with the {label}, to compare: {len(collected)} tokens…*"
                 yield tokens_html, summary + note, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                out_of_time = time.monotonic() > deadline
+                if out_of_time:
+                    break
+        if out_of_time:  # an unfinished comparison would compare unlike things
+            baseline.clear()
+            draft_alone.clear()
     summary = summary_markdown(
         run_stats(rounds),
         speculative.num_draft_tokens,
@@ -444,6 +477,13 @@ def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | No
         draft_alone=run_stats(draft_alone) if draft_alone else None,
         greedy=sampling.is_greedy,
     )
+    if out_of_time:
+        note = (
+            f"Stopped after {RUN_TIME_BUDGET_SECONDS:g} s, the time budget of one run: lower max new tokens, "
+            "turn off the comparison, or pick a faster pair."
+        )
+        gr.Warning(note)
+        summary = f"**{note}**\n\n{summary}"
     trace = _trace_file(request, target, prompt_ids[0].tolist(), rounds, baseline)
     yield (
         tokens_html,

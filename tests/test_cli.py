@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from specdemo.__main__ import main
+from specdemo.config import check_prompt_fits
 
 PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesday to Thursday."
 
@@ -43,9 +44,15 @@ def test_empty_prompt_is_refused(capsys):
     assert "The prompt is empty" in capsys.readouterr().err
 
 
-def test_prompt_longer_than_the_context_is_refused(offline_model, capsys):
+def test_prompt_over_the_token_limit_is_refused(offline_model, capsys):
     assert main(["generate", "--prompt", "word " * 9000, "--no-chat"]) == 2
-    assert "context holds 8192 tokens: shorten the prompt" in capsys.readouterr().err
+    assert "The prompt is 9,001 tokens; the limit is 4,096: shorten it." in capsys.readouterr().err
+
+
+def test_prompt_and_new_tokens_must_fit_the_context():
+    check_prompt_fits(1000, 24, context_length=1024)
+    with pytest.raises(ValueError, match="prompt is 1,000 tokens and max-new-tokens is 25, but the model's context"):
+        check_prompt_fits(1000, 25, context_length=1024)
 
 
 def test_json_output_of_a_greedy_run_matches_the_baseline(offline_model, capsys):
