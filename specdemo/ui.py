@@ -190,40 +190,10 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
         load_pair(DEFAULT_PAIR, cache)
 
     @on_gpu
-    def generate(
-        prompt: str,
-        pair_key: str,
-        custom_target: str,
-        custom_draft: str,
-        temperature: float,
-        top_k: float,
-        top_p: float,
-        repetition_penalty: float,
-        draft_temperature: float,
-        num_draft_tokens: float,
-        max_new_tokens: float,
-        seed: float,
-        chat: bool,
-        compare: bool,
-        progress: gr.Progress = gr.Progress(),
-    ) -> Iterator[tuple]:
+    def generate(*values: object, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
+        """The run: the form's values in the order of `inputs` below (parse_request's parameters)."""
         try:
-            request = parse_request(
-                prompt,
-                pair_key,
-                custom_target,
-                custom_draft,
-                temperature,
-                top_k,
-                top_p,
-                repetition_penalty,
-                draft_temperature,
-                num_draft_tokens,
-                max_new_tokens,
-                seed,
-                chat,
-                compare,
-            )
+            request = parse_request(*values)  # type: ignore[arg-type]
             target, draft = load_pair(
                 request.pair, cache, lambda message: progress(0.0, desc=message), allow_local=request.allow_local
             )
