@@ -186,8 +186,8 @@ def check_settings(*values: object) -> None:
 def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
     """The whole page. `cache` holds loaded models across runs and users (a fresh one by default)."""
     cache = cache or ModelCache(pinned=OFFLINE_DEFAULT)
-    if os.environ.get("SPACES_ZERO_GPU"):  # ZeroGPU wants models loaded at start-up, outside GPU functions
-        load_pair(DEFAULT_PAIR, cache)
+    # The default pair is ready before the first visitor (and ZeroGPU wants models loaded outside GPU functions).
+    load_pair(DEFAULT_PAIR, cache, progress=print)
 
     @on_gpu
     def generate(*values: object, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:

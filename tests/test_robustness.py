@@ -17,7 +17,7 @@ from gradio_client.exceptions import AppError
 import specdemo.ui as ui
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import speculative_generate
-from specdemo.models import chat_prompt_ids
+from specdemo.models import ModelCache, chat_prompt_ids
 from specdemo.pairs import make_drafter
 from tests.test_app import SPELLING, settings
 
@@ -217,3 +217,26 @@ def test_limits_are_shown_on_the_page(app):
         config = response.read().decode()
     assert ui.LIMITS in json.loads(config)["components"].__repr__()
     assert "4,096 tokens" in ui.LIMITS and "120 s per run" in ui.LIMITS and "up to 16 can wait" in ui.LIMITS
+
+
+def test_a_full_queue_answers_at_once_instead_of_hanging(offline_model, monkeypatch):
+    cache = ModelCache(pinned=offline_model.name)
+    cache.models[offline_model.name] = offline_model
+    monkeypatch.setattr(ui, "QUEUE_SIZE", 1)
+    demo = ui.build_demo(cache)
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
+    try:
+        clients = [Client(url, verbose=False) for _ in range(3)]
+        long_run = settings("Write a long story about the sea.", max_new_tokens=200, compare=False)
+        running = clients[0].submit(*long_run, api_name="/generate")  # takes the one run slot
+        time.sleep(1.0)
+        waiting = clients[1].submit(*long_run, api_name="/generate")  # takes the one waiting place
+        time.sleep(0.5)
+        started = time.perf_counter()
+        with pytest.raises(Exception, match="Queue is full"):
+            clients[2].predict(*settings(max_new_tokens=4), api_name="/generate")
+        assert time.perf_counter() - started < 5
+        running.cancel()
+        waiting.cancel()
+    finally:
+        demo.close()
