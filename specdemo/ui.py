@@ -9,7 +9,7 @@ import queue
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -377,75 +377,43 @@ def rounds_in_background(rounds: Iterator[Round], interval: float) -> Iterator[l
         worker.join(timeout=10)
 
 
-def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | None, prompt_ids) -> Iterator[tuple]:
-    """Yield (tokens, summary, four charts, trace) as rounds arrive, charts at most twice a second; then the
-    comparison runs; the last update carries every output."""
-    sampling, speculative = request.sampling, request.speculative
-    decode = partial(target.tokenizer.decode, skip_special_tokens=False)
-    drafter = make_drafter(target, draft, sampling, speculative)
-    rounds: list[Round] = []
-    emitted: list[int] = []
-    tokens_html, last_chart = "", 0.0
-    deadline, out_of_time = time.monotonic() + RUN_TIME_BUDGET_SECONDS, False
-    engine = speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids)
-    for batch in rounds_in_background(engine, TOKENS_INTERVAL_SECONDS):
-        rounds.extend(batch)
-        out_of_time = time.monotonic() > deadline
-        tokens_html += "".join(html_spans(round_spans(round_, decode, emitted)) for round_ in batch)
-        summary = summary_markdown(run_stats(rounds), speculative.num_draft_tokens)
-        if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS:
-            last_chart = time.monotonic()
-            yield tokens_html, summary, *charts(rounds, speculative.num_draft_tokens), gr.skip()
-        else:
-            yield tokens_html, summary, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        if out_of_time:
-            break
+def unchanged_charts() -> tuple:
+    """The four charts and the trace left as they are (fresh objects: Gradio may consume an update)."""
+    return tuple(gr.skip() for _ in range(5))
 
+
+def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | None, prompt_ids) -> Iterator[tuple]:
+    """Yield (tokens, summary, four charts, trace) as rounds arrive, then while the comparisons run; the last
+    update carries every output."""
+    deadline = time.monotonic() + RUN_TIME_BUDGET_SECONDS
+    rounds, tokens_html, summary = yield from stream_speculative(request, target, draft, prompt_ids, deadline)
     baseline: list[Round] = []
     draft_alone: list[Round] = []
+    out_of_time = time.monotonic() > deadline
     if request.compare and not out_of_time:
-        comparisons = [
-            (
-                "target alone",
-                baseline,
-                autoregressive_generate(
-                    target.model, prompt_ids, sampling, speculative.max_new_tokens, target.eos_token_ids
-                ),
+        yield tokens_html, summary, *charts(rounds, request.speculative.num_draft_tokens), gr.skip()
+        for label, collected, model, sampling in comparison_runs(request, target, draft, baseline, draft_alone):
+            engine = autoregressive_generate(
+                model.model, prompt_ids, sampling, request.speculative.max_new_tokens, model.eos_token_ids
             )
-        ]
-        if draft is not None and draft is not target:
-            comparisons.append(
-                (
-                    "draft alone",
-                    draft_alone,
-                    autoregressive_generate(
-                        draft.model,
-                        prompt_ids,
-                        speculative.draft_sampling(sampling),
-                        speculative.max_new_tokens,
-                        draft.eos_token_ids,
-                    ),
-                )
-            )
-        yield tokens_html, summary, *charts(rounds, speculative.num_draft_tokens), gr.skip()
-        for label, collected, comparison_engine in comparisons:
-            for batch in rounds_in_background(comparison_engine, CHART_INTERVAL_SECONDS):  # Stop works here too
+            for batch in rounds_in_background(engine, CHART_INTERVAL_SECONDS):  # Stop works here too
                 collected.extend(batch)
                 note = f"\n\n*Now decoding with the {label}, to compare: {len(collected)} tokens…*"
-                yield tokens_html, summary + note, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                yield tokens_html, summary + note, *unchanged_charts()
                 out_of_time = time.monotonic() > deadline
                 if out_of_time:
                     break
         if out_of_time:  # an unfinished comparison would compare unlike things
             baseline.clear()
             draft_alone.clear()
+    num_draft_tokens = request.speculative.num_draft_tokens
     summary = summary_markdown(
         run_stats(rounds),
-        speculative.num_draft_tokens,
+        num_draft_tokens,
         baseline=run_stats(baseline) if baseline else None,
-        comparison=compare_runs(rounds, baseline, speculative.num_draft_tokens) if baseline else None,
+        comparison=compare_runs(rounds, baseline, num_draft_tokens) if baseline else None,
         draft_alone=run_stats(draft_alone) if draft_alone else None,
-        greedy=sampling.is_greedy,
+        greedy=request.sampling.is_greedy,
     )
     if out_of_time:
         note = (
@@ -455,12 +423,43 @@ def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | No
         gr.Warning(note)
         summary = f"**{note}**\n\n{summary}"
     trace = _trace_file(request, target, prompt_ids[0].tolist(), rounds, baseline)
-    yield (
-        tokens_html,
-        summary,
-        *charts(rounds, speculative.num_draft_tokens, baseline),
-        gr.update(value=trace, visible=True),
-    )
+    yield tokens_html, summary, *charts(rounds, num_draft_tokens, baseline), gr.update(value=trace, visible=True)
+
+
+def stream_speculative(
+    request: RunRequest, target: LoadedModel, draft: LoadedModel | None, prompt_ids, deadline: float
+) -> Generator[tuple, None, tuple[list[Round], str, str]]:
+    """The speculative run, streamed: tokens every batch, charts at most twice a second, until done or the
+    deadline. Returns its rounds, token HTML and summary."""
+    sampling, speculative = request.sampling, request.speculative
+    decode = partial(target.tokenizer.decode, skip_special_tokens=False)
+    drafter = make_drafter(target, draft, sampling, speculative)
+    rounds: list[Round] = []
+    emitted: list[int] = []
+    tokens_html, summary, last_chart = "", "", 0.0
+    engine = speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids)
+    for batch in rounds_in_background(engine, TOKENS_INTERVAL_SECONDS):
+        rounds.extend(batch)
+        tokens_html += "".join(html_spans(round_spans(round_, decode, emitted)) for round_ in batch)
+        summary = summary_markdown(run_stats(rounds), speculative.num_draft_tokens)
+        if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS:
+            last_chart = time.monotonic()
+            yield tokens_html, summary, *charts(rounds, speculative.num_draft_tokens), gr.skip()
+        else:
+            yield tokens_html, summary, *unchanged_charts()
+        if time.monotonic() > deadline:
+            break
+    return rounds, tokens_html, summary
+
+
+def comparison_runs(
+    request: RunRequest, target: LoadedModel, draft: LoadedModel | None, baseline: list, draft_alone: list
+) -> list[tuple[str, list, LoadedModel, SamplingConfig]]:
+    """What to decode alone after the speculative run: the target, and the draft model when there is one."""
+    runs = [("target alone", baseline, target, request.sampling)]
+    if draft is not None and draft is not target:
+        runs.append(("draft alone", draft_alone, draft, request.speculative.draft_sampling(request.sampling)))
+    return runs
 
 
 def charts(rounds: list[Round], num_draft_tokens: int, baseline: list[Round] | None = None) -> tuple:
