@@ -116,3 +116,19 @@ def test_markup_in_the_prompt_and_in_model_ids_stays_text(browser, app):
     assert tokens.locator(".tok").count() > 0  # the refusal left the previous run's tokens in place
     page.screenshot(path=str(ARTIFACTS / "markup-as-text.png"), full_page=True)
     page.close()
+
+
+def test_switching_the_pair_mid_run_leaves_the_run_alone(browser, app):
+    page = open_page(browser, app)
+    run_first_example(page)  # a first, complete run: the one to compare with
+    first_tokens = page.locator("#tokens .tok").count()
+    page.click("#run")  # the second run replaces the summary as soon as its first tokens arrive
+    page.wait_for_function("!document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=60_000)
+    page.click("#pair input")
+    page.locator("li.item", has_text="drafting for itself").click()  # mid-run
+    assert "teaching pair" in page.inner_text("#pair-note")
+    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    # The run finished with the settings it started with: prompt lookup, the same greedy tokens as before.
+    assert page.locator("#tokens .tok").count() == first_tokens
+    assert "identical" in page.inner_text("#summary")
+    page.close()
