@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", default=OFFLINE_DEFAULT)
     bench.add_argument("--num-draft-tokens", type=int, default=SpeculativeConfig.num_draft_tokens)
     bench.add_argument("--max-new-tokens", type=int, default=SpeculativeConfig.max_new_tokens)
+    bench.add_argument(
+        "--min-ngram-size",
+        type=int,
+        default=SpeculativeConfig.min_ngram_size,
+        help="shortest match prompt lookup drafts from (1 shows why the default is 2)",
+    )
     bench.add_argument("--repeats", type=int, default=2, help="timed runs of each method per prompt (median)")
     bench.add_argument("--output", default="bench-results/bench.json", help="where the JSON results go")
     bench.add_argument("--markdown", metavar="JSON", help="print the README table of an earlier run's JSON and exit")
@@ -133,12 +139,13 @@ def bench_command(args: argparse.Namespace) -> int:
         return 0
     if args.repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {args.repeats}.")
-    speculative = SpeculativeConfig(num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens)
+    speculative = SpeculativeConfig(
+        num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens, min_ngram_size=args.min_ngram_size
+    )
     target = load_model(args.target, _progress)
     results = run_bench(
         target,
-        speculative.num_draft_tokens,
-        speculative.max_new_tokens,
+        speculative,
         args.repeats,
         log=lambda line: print(line, flush=True),
         header=lambda line: print(line, flush=True),

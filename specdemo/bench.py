@@ -76,11 +76,11 @@ PROMPTS: tuple[BenchPrompt, ...] = (
 Method = Callable[[torch.Tensor], list[int]]  # prompt_ids [1, T] -> generated token ids
 
 
-def bench_methods(loaded: LoadedModel, num_draft_tokens: int, max_new_tokens: int) -> dict[str, Method]:
+def bench_methods(loaded: LoadedModel, speculative: SpeculativeConfig) -> dict[str, Method]:
     """The four ways of decoding greedily that the table compares; all must produce the same tokens."""
     model, eos = loaded.model, loaded.eos_token_ids
     greedy = SamplingConfig()
-    speculative = SpeculativeConfig(num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens)
+    num_draft_tokens, max_new_tokens = speculative.num_draft_tokens, speculative.max_new_tokens
 
     def ours_target_only(prompt_ids: torch.Tensor) -> list[int]:
         rounds = autoregressive_generate(model, prompt_ids, greedy, max_new_tokens, eos)
@@ -119,15 +119,14 @@ def _timed(method: Method, prompt_ids: torch.Tensor) -> tuple[list[int], float]:
 
 def run_bench(
     loaded: LoadedModel,
-    num_draft_tokens: int = 5,
-    max_new_tokens: int = 128,
+    speculative: SpeculativeConfig = SpeculativeConfig(),  # noqa: B008 (frozen, so a shared default is safe)
     repeats: int = 2,
     prompts: tuple[BenchPrompt, ...] = PROMPTS,
     log: Callable[[str], None] = lambda line: None,
     header: Callable[[str], None] = lambda line: None,
 ) -> dict:
     """Every method on every prompt, the order rotated each time so no method always runs first or warm."""
-    methods = bench_methods(loaded, num_draft_tokens, max_new_tokens)
+    methods = bench_methods(loaded, speculative)
     names = list(methods)
     warm_ids = chat_prompt_ids(loaded, "Hello!")
     for method in methods.values():
@@ -144,7 +143,6 @@ def run_bench(
                 outputs[name], elapsed = _timed(methods[name], prompt_ids)
                 seconds[name].append(elapsed)
         # One more speculative run for its rounds: acceptance and overhead are counts, not timings.
-        speculative = SpeculativeConfig(num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens)
         drafter = make_drafter(loaded, None, SamplingConfig(), speculative)
         rounds = list(
             speculative_generate(loaded.model, drafter, prompt_ids, SamplingConfig(), speculative, loaded.eos_token_ids)
@@ -170,8 +168,9 @@ def run_bench(
         "device": str(loaded.device),
         "model": loaded.name,
         "torch": torch.__version__,
-        "num_draft_tokens": num_draft_tokens,
-        "max_new_tokens": max_new_tokens,
+        "num_draft_tokens": speculative.num_draft_tokens,
+        "max_new_tokens": speculative.max_new_tokens,
+        "min_ngram_size": speculative.min_ngram_size,
         "repeats": repeats,
         "methods": names,
         "rows": rows,
@@ -267,6 +266,7 @@ def markdown_table(results: dict) -> str:
     lines = [
         f"Measured {results['date']} on {results['machine']} ({results['device']}), {results['model']}, float32, "
         f"greedy, {results['max_new_tokens']} new tokens at most, K = {results['num_draft_tokens']}, "
+        f"prompt lookup on matches of {results.get('min_ngram_size', 2)} to 3 tokens, "
         f"median of {results['repeats']} interleaved runs, torch {results['torch']}.",
         "",
         "| prompt | grounded | new tokens | "

@@ -65,7 +65,7 @@ class SpeculativeConfig:
     max_new_tokens: int = 128
     max_ngram_size: int = 3  # prompt lookup tries the last 3 tokens as the search key, then fewer...
     min_ngram_size: int = 2  # ...down to 2: one-token matches in free text are mostly noise, and on a CPU a
-    # rejected proposal costs a multi-token pass (~1.6x a one-token step); see README, "Benchmark"
+    # rejected proposal costs a multi-token pass, dearer than a one-token step (bench --min-ngram-size 1)
     draft_temperature: float | None = None  # None: a draft model samples with the target's settings
 
     def __post_init__(self) -> None:
