@@ -262,6 +262,13 @@ class ModelCache:
                 self._evict()
             return loaded
 
+    def put(self, loaded: LoadedModel) -> None:
+        """Hold an already-loaded model under its name, as if `get` had loaded it."""
+        with self.lock:
+            self.models[loaded.name] = loaded
+            self.models.move_to_end(loaded.name)
+            self._evict()
+
     def _evict(self) -> None:
         evictable = [name for name in self.models if name != self.pinned]
         evicted = evictable[: max(0, len(evictable) - self.capacity)]

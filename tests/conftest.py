@@ -8,7 +8,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, load_model
+from specdemo.decoding import Round
+from specdemo.models import OFFLINE_DEFAULT, LoadedModel, ModelCache, load_model
+from specdemo.ui import EXAMPLES
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
 
@@ -52,6 +54,53 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:  # [V
     return float(torch.special.gammaincc(dof, chi2 / 2))
 
 
+def make_round(index: int, drafts: list[int], num_accepted: int, next_kind: str | None, seconds: float) -> Round:
+    k = len(drafts)
+    return Round(
+        index=index,
+        draft_token_ids=drafts,
+        target_probs=[0.5] * k,
+        draft_probs=[1.0] * k,
+        acceptance_probs=[0.5] * k,
+        uniforms=[0.1] * k,
+        num_accepted=num_accepted,
+        next_token_id=None if next_kind is None else 99,
+        next_kind=next_kind,
+        next_token_prob=None if next_kind is None else 0.9,
+        num_input_tokens=k + 1,
+        draft_seconds=seconds / 4,
+        verify_seconds=seconds / 2,
+        other_seconds=seconds / 4,
+        forward_seconds=seconds / 2,
+    )
+
+
+SPELLING = EXAMPLES[0][0]
+STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+def settings(prompt: str = SPELLING, **changes) -> list:
+    """The /generate inputs in order, with defaults a user would start from."""
+    values = {
+        "prompt": prompt,
+        "pair": "smollm2-135m-ngram",
+        "custom_target": "",
+        "custom_draft": "ngram",
+        "temperature": 0.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "repetition_penalty": 1.0,
+        "draft_temperature": 1.5,
+        "num_draft_tokens": 5,
+        "max_new_tokens": 40,
+        "seed": 0,
+        "chat": True,
+        "compare": True,
+    }
+    values.update(changes)
+    return list(values.values())
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> LlamaForCausalLM:
     return tiny_model(seed=1)
@@ -70,11 +119,10 @@ def offline_model() -> LoadedModel:
 @pytest.fixture(scope="session")
 def app(offline_model) -> str:
     """The app launched in-process on the offline default (already loaded); yields its local URL."""
-    from specdemo.models import ModelCache
     from specdemo.ui import build_demo
 
     cache = ModelCache(pinned=offline_model.name)
-    cache.models[offline_model.name] = offline_model
+    cache.put(offline_model)
     demo = build_demo(cache)
     _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
     yield url

@@ -12,31 +12,7 @@ from gradio_client.exceptions import AppError
 
 import specdemo.ui as ui
 from specdemo.__main__ import main
-
-SPELLING = ui.EXAMPLES[0][0]
-STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-
-
-def settings(prompt: str = SPELLING, **changes) -> list:
-    """The /generate inputs in order, with defaults a user would start from."""
-    values = {
-        "prompt": prompt,
-        "pair": "smollm2-135m-ngram",
-        "custom_target": "",
-        "custom_draft": "ngram",
-        "temperature": 0.0,
-        "top_k": 0,
-        "top_p": 1.0,
-        "repetition_penalty": 1.0,
-        "draft_temperature": 1.5,
-        "num_draft_tokens": 5,
-        "max_new_tokens": 40,
-        "seed": 0,
-        "chat": True,
-        "compare": True,
-    }
-    values.update(changes)
-    return list(values.values())
+from tests.conftest import SPELLING, STORY, settings
 
 
 @pytest.fixture(scope="module")

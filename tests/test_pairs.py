@@ -43,7 +43,7 @@ def test_every_offline_pair_loads_and_runs_a_round(pair, offline_model):
     if package_dir(OFFLINE_MODELS[pair.target]) is None:
         pytest.skip(f"{pair.target}: optional package not installed ({OFFLINE_MODELS[pair.target].install})")
     cache = ModelCache(pinned=offline_model.name)
-    cache.models[offline_model.name] = offline_model  # the session's already-loaded default
+    cache.put(offline_model)  # the session's already-loaded default
     target, draft = load_pair(pair, cache, device=torch.device("cpu"))
     spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=4, draft_temperature=pair.draft_temperature)
     drafter = make_drafter(target, draft, SamplingConfig(), spec)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from specdemo.render import ANSI_STYLES, ansi_text, html_spans, summary_markdown, token_spans
 from specdemo.stats import Comparison, run_stats
-from tests.test_stats import make_round
+from tests.conftest import make_round
 
 WORDS = {1: " the", 2: " cat", 3: " sat", 4: " on", 5: " a", 6: " mat", 99: "!"}
 

@@ -19,7 +19,7 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import speculative_generate
 from specdemo.models import ModelCache, chat_prompt_ids
 from specdemo.pairs import make_drafter
-from tests.test_app import SPELLING, settings
+from tests.conftest import SPELLING, settings
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 PROMPTS = (SPELLING, "Write a short poem about the sea.")
@@ -221,7 +221,7 @@ def test_limits_are_shown_on_the_page(app):
 
 def test_a_full_queue_answers_at_once_instead_of_hanging(offline_model, monkeypatch):
     cache = ModelCache(pinned=offline_model.name)
-    cache.models[offline_model.name] = offline_model
+    cache.put(offline_model)
     monkeypatch.setattr(ui, "QUEUE_SIZE", 1)
     demo = ui.build_demo(cache)
     _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)

@@ -4,29 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdemo.decoding import Round
 from specdemo.stats import best_num_draft_tokens, compare_runs, expected_speedup, run_stats
-
-
-def make_round(index: int, drafts: list[int], num_accepted: int, next_kind: str | None, seconds: float) -> Round:
-    k = len(drafts)
-    return Round(
-        index=index,
-        draft_token_ids=drafts,
-        target_probs=[0.5] * k,
-        draft_probs=[1.0] * k,
-        acceptance_probs=[0.5] * k,
-        uniforms=[0.1] * k,
-        num_accepted=num_accepted,
-        next_token_id=None if next_kind is None else 99,
-        next_kind=next_kind,
-        next_token_prob=None if next_kind is None else 0.9,
-        num_input_tokens=k + 1,
-        draft_seconds=seconds / 4,
-        verify_seconds=seconds / 2,
-        other_seconds=seconds / 4,
-        forward_seconds=seconds / 2,
-    )
+from tests.conftest import make_round
 
 
 def test_run_stats_counts_tokens_rounds_and_time():
