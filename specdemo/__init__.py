@@ -5,10 +5,11 @@ from specdemo.decoding import Round, autoregressive_generate, speculative_genera
 from specdemo.drafters import Draft, Drafter, ModelDrafter, NgramDrafter
 from specdemo.models import OFFLINE_DEFAULT, LoadedModel, load_model
 from specdemo.rejection import RejectionResult, rejection_sample
-from specdemo.stats import RunStats, expected_speedup, run_stats
+from specdemo.stats import Comparison, RunStats, compare_runs, expected_tokens_per_round, run_stats
 
 __all__ = [
     "OFFLINE_DEFAULT",
+    "Comparison",
     "Draft",
     "Drafter",
     "LoadedModel",
@@ -20,7 +21,8 @@ __all__ = [
     "SamplingConfig",
     "SpeculativeConfig",
     "autoregressive_generate",
-    "expected_speedup",
+    "compare_runs",
+    "expected_tokens_per_round",
     "load_model",
     "rejection_sample",
     "run_stats",

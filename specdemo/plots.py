@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specdemo.decoding import Round
+from specdemo.stats import num_tested, position_counts, run_stats
 
 COLOURS = {
     "accepted": "rgb(34,160,80)",
@@ -41,18 +42,18 @@ def _layout(figure: go.Figure, title: str, **axes: str) -> go.Figure:
 
 
 def acceptance_figure(rounds: Sequence[Round]) -> go.Figure:
-    """Acceptance rate of each round, and cumulative over the run (rounds that drafted nothing are skipped)."""
+    """α of each round (accepted / tested), and cumulative over the run (rounds that drafted nothing are skipped)."""
     drafted = [round_ for round_ in rounds if round_.draft_token_ids]
     numbers = [round_.index + 1 for round_ in drafted]
-    per_round = [round_.num_accepted / len(round_.draft_token_ids) for round_ in drafted]
+    per_round = [round_.num_accepted / num_tested(round_) for round_ in drafted]
     accepted = list(accumulate(round_.num_accepted for round_ in drafted))
-    proposed = list(accumulate(len(round_.draft_token_ids) for round_ in drafted))
+    tested = list(accumulate(num_tested(round_) for round_ in drafted))
     figure = go.Figure(
         [
             go.Bar(x=numbers, y=per_round, name="this round", marker_color=COLOURS["accepted"], opacity=0.5),
             go.Scatter(
                 x=numbers,
-                y=[a / p for a, p in zip(accepted, proposed, strict=True)],
+                y=[a / t for a, t in zip(accepted, tested, strict=True)],
                 name="cumulative",
                 mode="lines",
                 line={"color": COLOURS["accepted"], "width": 2},
@@ -60,7 +61,7 @@ def acceptance_figure(rounds: Sequence[Round]) -> go.Figure:
         ]
     )
     figure.update_yaxes(range=[0, 1.05])
-    return _layout(figure, "Acceptance rate", xaxis="round", yaxis="accepted / drafted")
+    return _layout(figure, "Acceptance α per round", xaxis="round", yaxis="α = accepted / tested")
 
 
 def latency_figure(rounds: Sequence[Round]) -> go.Figure:
@@ -81,21 +82,31 @@ def latency_figure(rounds: Sequence[Round]) -> go.Figure:
 
 
 def positions_figure(rounds: Sequence[Round], num_draft_tokens: int) -> go.Figure:
-    """Left: how often the draft token at each position was accepted. Right: tokens emitted per round."""
-    reached = [0] * num_draft_tokens
-    accepted = [0] * num_draft_tokens
-    for round_ in rounds:
-        for position in range(min(len(round_.draft_token_ids), round_.num_accepted + 1, num_draft_tokens)):
-            reached[position] += 1
-            accepted[position] += position < round_.num_accepted
+    """Left: α at each draft position (accepted there / tested there) beside the run's single α, which Leviathan's
+    independence model assumes at every position. Right: tokens emitted per round."""
+    tested, accepted = position_counts(rounds)
+    alpha = run_stats(rounds).alpha
     emitted = [len(round_.emitted_token_ids) for round_ in rounds]
-    figure = make_subplots(rows=1, cols=2, subplot_titles=("Acceptance by draft position", "Tokens per round"))
+    figure = make_subplots(
+        rows=1, cols=2, subplot_titles=("α by draft position (dashed: the run's α)", "Tokens per round")
+    )
     figure.add_trace(
         go.Bar(
-            x=list(range(1, num_draft_tokens + 1)),
-            y=[a / r if r else 0 for a, r in zip(accepted, reached, strict=True)],
-            name="accepted when reached",
+            x=list(range(1, len(tested) + 1)),
+            y=[a / t if t else 0 for a, t in zip(accepted, tested, strict=True)],
+            name="α at this position",
             marker_color=COLOURS["accepted"],
+        ),
+        row=1,
+        col=1,
+    )
+    figure.add_trace(
+        go.Scatter(
+            x=[0.5, len(tested) + 0.5],
+            y=[alpha, alpha],
+            name="one α for all (independence)",
+            mode="lines",
+            line={"color": COLOURS["baseline"], "dash": "dash"},
         ),
         row=1,
         col=1,

@@ -162,6 +162,71 @@ def _row(label: str, stats: RunStats) -> str:
     )
 
 
+LARGE_PREDICTION_ERROR = 0.10  # beyond this the summary says why Leviathan's prediction missed
+
+
+def alpha_line(spec: RunStats) -> str:
+    """α (tested drafts), vLLM's acceptance rate (all drafts), α by position, and the rounds that proposed nothing."""
+    by_position = " · ".join(f"{alpha:.2f}" for alpha in spec.alpha_by_position) or "none tested"
+    return (
+        f"**α = {spec.alpha:.2f}**: {spec.num_accepted} of {spec.num_tested} tested drafts accepted "
+        f"(acceptance rate, accepted ÷ all {spec.num_drafted} drafted: {spec.acceptance_rate:.2f}) · α by draft "
+        f"position: {by_position} · {spec.mean_tokens_per_round:.2f} tokens per target pass · "
+        f"{spec.no_proposal_share:.0%} of rounds proposed nothing · {spec.overhead_fraction:.1%} of the time outside "
+        "model passes"
+    )
+
+
+def why_prediction_missed(spec: RunStats, comparison: Comparison) -> str:
+    """One sentence on why the independence model is off, read from the per-position α curve."""
+    alphas = [a for a, n in zip(spec.alpha_by_position, spec.tested_by_position, strict=True) if n]
+    direction = "under" if comparison.prediction_error < 0 else "over"
+    if len(alphas) >= 2 and alphas[-1] - alphas[0] > 0.1:
+        return (
+            f"acceptance is not independent: α rises from {alphas[0]:.2f} at position 1 to {alphas[-1]:.2f} at "
+            f"position {len(alphas)}, because a draft that starts matching (a copied passage) tends to go on, so "
+            f"the model {direction}-predicts."
+        )
+    if len(alphas) >= 2 and alphas[0] - alphas[-1] > 0.1:
+        return (
+            f"α falls from {alphas[0]:.2f} at position 1 to {alphas[-1]:.2f} at position {len(alphas)}: later "
+            f"drafts stray further from the target, so the model {direction}-predicts."
+        )
+    return (
+        f"α varies from round to round (passages the drafter gets right, others it does not), and one average α "
+        f"hides that, so the model {direction}-predicts."
+    )
+
+
+def explanation(spec: RunStats, c: Comparison, num_draft_tokens: int) -> list[str]:
+    """The speedup as measured parts, Leviathan's prediction beside it, and the best number of drafts."""
+    costs = ", ".join(f"v({k}) = {v:.2f}" for k, v in c.verify_cost_by_k) or "no drafts were verified"
+    lines = [
+        (
+            f"**Speedup {c.speedup:.2f}×** = {c.tokens_per_pass:.2f} tokens per target pass ÷ {c.round_cost:.2f} "
+            f"target steps per round (draft {c.draft_cost:.2f} + verify {c.verify_cost:.2f} + other "
+            f"{c.other_cost:.2f}; a target step is the target alone's time per token). A pass over k drafts costs "
+            f"v(k) one-token steps: {costs}."
+        ),
+        "",
+        (
+            f"**Leviathan's prediction**, each draft accepted independently with α = {spec.alpha:.2f}, for the "
+            f"proposal lengths that occurred: {c.predicted_tokens_per_pass:.2f} tokens per pass, so "
+            f"{c.predicted_speedup:.2f}× ({c.prediction_error:+.0%} against the measurement)."
+        ),
+    ]
+    if abs(c.prediction_error) > LARGE_PREDICTION_ERROR:
+        lines[-1] += " It misses because " + why_prediction_missed(spec, c)
+    lines += [
+        "",
+        (
+            f"**Best γ** for the measured α curve and costs: {c.best_num_draft_tokens} (about {c.best_speedup:.2f}×; "
+            f"this run used {num_draft_tokens})."
+        ),
+    ]
+    return lines
+
+
 def summary_markdown(
     spec: RunStats,
     num_draft_tokens: int,
@@ -170,7 +235,7 @@ def summary_markdown(
     draft_alone: RunStats | None = None,
     greedy: bool = False,
 ) -> str:
-    """The run in numbers; with a baseline, the speedup, the formula's prediction and an honest reading."""
+    """The run in numbers; with a baseline, the speedup explained, the prediction beside it and an honest reading."""
     lines = [
         "| run | tokens | seconds | tokens/s | model passes |",
         "|---|---|---|---|---|",
@@ -180,25 +245,11 @@ def summary_markdown(
         lines.append(_row("target alone", baseline))
     if draft_alone is not None:
         lines.append(_row("draft alone", draft_alone))
-    lines += [
-        "",
-        (
-            f"Acceptance α = {spec.acceptance_rate:.2f} · {spec.mean_tokens_per_round:.2f} tokens per target "
-            f"pass · {spec.overhead_fraction:.1%} of the time outside model passes"
-        ),
-    ]
+    lines += ["", alpha_line(spec)]
     if comparison is None:
         return "\n".join(lines)
     c = comparison
-    lines += [
-        "",
-        (
-            f"**Speedup {c.speedup:.2f}×** over the target alone. The formula (1−α^(K+1)) / ((1−α)(Kc+1)) with "
-            f"α = {c.acceptance_rate:.2f}, K = {num_draft_tokens} and the measured c = {c.cost_ratio:.3f} predicts "
-            f"{c.expected_speedup:.2f}×, and the best K for these α and c is {c.best_num_draft_tokens}; the formula "
-            f"takes a verification pass to cost one target step, and here it cost {c.verify_cost_ratio:.2f}×."
-        ),
-    ]
+    lines += ["", *explanation(spec, c, num_draft_tokens)]
     if greedy:
         lines.append("")
         lines.append(
@@ -207,17 +258,14 @@ def summary_markdown(
             else "Greedy check: the two texts **differ** (float32 near-ties can flip an argmax; see the trace)."
         )
     if c.speedup < 1.0:
+        slowest = max((v for _, v in c.verify_cost_by_k), default=1.0)
         lines += [
             "",
             (
-                "Speculation was slower here. "
-                + (
-                    f"Acceptance was low (α = {c.acceptance_rate:.2f}), so most verification passes bought one token. "
-                    if c.acceptance_rate < 0.5
-                    else ""
-                )
-                + f"On this device a verification pass costs {c.verify_cost_ratio:.2f}× a one-token step, so a "
-                "round must win more tokens than that to pay off."
+                "Speculation was slower here: "
+                f"{c.tokens_per_pass:.2f} tokens per pass did not pay for {c.round_cost:.2f} steps per round"
+                + (f" (α = {spec.alpha:.2f} is low)" if spec.alpha < 0.5 else "")
+                + f"; on this device a verification pass costs up to {slowest:.2f}× a one-token step."
             ),
         ]
     return "\n".join(lines)

@@ -1,11 +1,12 @@
-"""Pure: rounds -> RunStats, and the expected-speedup formula of Leviathan et al. (2023), Theorem 3.8."""
+"""Pure: rounds -> RunStats (α, per-position α, costs), and the speedup explained: measured parts, Leviathan et
+al. (2023)'s prediction, and the best number of drafts per round."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from specdemo.config import MAX_NUM_DRAFT_TOKENS
 from specdemo.decoding import Round
 
 
@@ -17,7 +18,12 @@ class RunStats:
     num_generated: int
     num_drafted: int
     num_accepted: int
-    acceptance_rate: float  # accepted / drafted; 0 when nothing was drafted
+    num_tested: int  # drafts that were reached: the accepted ones and each round's first rejection
+    acceptance_rate: float  # accepted / drafted (vLLM's draft_acceptance_rate); counts drafts never tested
+    alpha: float  # accepted / tested: Leviathan's α, the chance that a tested draft is accepted
+    alpha_by_position: tuple[float, ...]  # α at draft position 1, 2, ...: accepted there / tested there
+    tested_by_position: tuple[int, ...]  # how many drafts each position's α rests on
+    no_proposal_share: float  # rounds whose drafter proposed nothing (a plain target step) / rounds
     mean_tokens_per_round: float  # tokens per target forward pass
     num_target_forwards: int
     wall_seconds: float
@@ -27,14 +33,32 @@ class RunStats:
     other_seconds: float
     overhead_fraction: float  # share of wall time outside model forward passes
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict:
         return asdict(self)
+
+
+def num_tested(round_: Round) -> int:
+    """Drafts the target reached in a round: every accepted one, and the first rejected one if there was one."""
+    return min(len(round_.draft_token_ids), round_.num_accepted + 1)
+
+
+def position_counts(rounds: Sequence[Round]) -> tuple[list[int], list[int]]:
+    """Per draft position: how often a draft there was tested, and how often accepted."""
+    length = max((len(round_.draft_token_ids) for round_ in rounds), default=0)
+    tested, accepted = [0] * length, [0] * length
+    for round_ in rounds:
+        for position in range(num_tested(round_)):
+            tested[position] += 1
+            accepted[position] += position < round_.num_accepted
+    return tested, accepted
 
 
 def run_stats(rounds: Sequence[Round]) -> RunStats:
     num_generated = sum(len(round_.emitted_token_ids) for round_ in rounds)
     num_drafted = sum(len(round_.draft_token_ids) for round_ in rounds)
     num_accepted = sum(round_.num_accepted for round_ in rounds)
+    tested = sum(num_tested(round_) for round_ in rounds)
+    tested_by_position, accepted_by_position = position_counts(rounds)
     wall = sum(round_.wall_seconds for round_ in rounds)
     forward = sum(round_.forward_seconds for round_ in rounds)
     return RunStats(
@@ -42,7 +66,14 @@ def run_stats(rounds: Sequence[Round]) -> RunStats:
         num_generated=num_generated,
         num_drafted=num_drafted,
         num_accepted=num_accepted,
+        num_tested=tested,
         acceptance_rate=num_accepted / num_drafted if num_drafted else 0.0,
+        alpha=num_accepted / tested if tested else 0.0,
+        alpha_by_position=tuple(
+            a / t if t else 0.0 for a, t in zip(accepted_by_position, tested_by_position, strict=True)
+        ),
+        tested_by_position=tuple(tested_by_position),
+        no_proposal_share=sum(not round_.draft_token_ids for round_ in rounds) / len(rounds) if rounds else 0.0,
         mean_tokens_per_round=num_generated / len(rounds) if rounds else 0.0,
         num_target_forwards=len(rounds),
         wall_seconds=wall,
@@ -54,22 +85,21 @@ def run_stats(rounds: Sequence[Round]) -> RunStats:
     )
 
 
-def expected_speedup(acceptance_rate: float, num_draft_tokens: int, cost_ratio: float) -> float:
-    """(1 - a^(K+1)) / ((1 - a)(K c + 1)): expected tokens per round over the cost of a round, in target steps.
-
-    `cost_ratio` c is the time of one draft step over one target step (about 0 for prompt lookup).
-    """
-    alpha, k = acceptance_rate, num_draft_tokens
-    tokens_per_round = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tokens_per_round / (k * cost_ratio + 1)
+def expected_tokens_per_round(alpha: float, num_draft_tokens: int) -> float:
+    """Leviathan et al. (2023), eq. 1: (1 - α^(k+1)) / (1 - α) tokens from a round proposing k independent drafts."""
+    if alpha >= 1.0:
+        return num_draft_tokens + 1.0
+    return (1 - alpha ** (num_draft_tokens + 1)) / (1 - alpha)
 
 
-def best_num_draft_tokens(acceptance_rate: float, cost_ratio: float) -> int:
-    """The K in 1..MAX_NUM_DRAFT_TOKENS that maximises expected_speedup."""
-    return max(
-        range(1, MAX_NUM_DRAFT_TOKENS + 1),
-        key=lambda k: expected_speedup(acceptance_rate, k, cost_ratio),
-    )
+def curve_tokens_per_round(alpha_by_position: Sequence[float], num_draft_tokens: int) -> float:
+    """Expected tokens from a round proposing k drafts, from the measured α of each position (no independence
+    assumed): 1 + Σ_j Π_{i<=j} α_i."""
+    tokens, reach = 1.0, 1.0
+    for alpha in alpha_by_position[:num_draft_tokens]:
+        reach *= alpha
+        tokens += reach
+    return tokens
 
 
 def round_record(round_: Round) -> dict:
@@ -92,41 +122,118 @@ def round_record(round_: Round) -> dict:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A speculative run against the target alone on the same prompt and settings."""
+    """A speculative run against the target alone on the same prompt and settings, explained by measured parts.
+
+    The accounting identity: speedup = tokens_per_pass / round_cost, exactly, where a target step is the
+    target-only run's seconds per token (each of its rounds emits one token).
+    """
 
     speedup: float  # speculative tokens/s over target-only tokens/s
-    acceptance_rate: float
-    tokens_per_pass: float
-    cost_ratio: float  # c: drafting one token, over one target step
-    verify_cost_ratio: float  # a verification pass over one target step (K+1 tokens are not free on a CPU)
-    expected_speedup: float  # the formula at the measured acceptance rate and c
-    best_num_draft_tokens: int
+    tokens_per_pass: float  # tokens per speculative round (one target pass each)
+    round_cost: float  # seconds per speculative round, in target steps: draft_cost + verify_cost + other_cost
+    draft_cost: float
+    verify_cost: float
+    other_cost: float
+    verify_cost_by_k: tuple[tuple[int, float], ...]  # (k, v(k)): a pass over k drafts / a one-token step, medians
+    predicted_tokens_per_pass: float  # Leviathan: independent acceptance at the run's α, for each k that occurred
+    predicted_speedup: float  # predicted_tokens_per_pass / round_cost
+    prediction_error: float  # predicted_speedup / speedup - 1
+    best_num_draft_tokens: int  # the cap on k that the α curve and the measured costs favour
+    best_speedup: float  # the speedup that cap would give, scaled from this run's
     identical: bool  # the two runs emitted the same tokens
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else 0.0
+def median(values: Sequence[float]) -> float:
+    """The median (the mean of the middle two for an even count); 0 for no values."""
+    return statistics.median(values) if values else 0.0
+
+
+def verify_costs(speculative: Sequence[Round], step_seconds: float) -> dict[int, float]:
+    """v(k) for every k that occurred: median verification seconds of rounds with k drafts over a one-token
+    step. Round 0 reads the whole prompt and is left out."""
+    by_k: dict[int, list[float]] = {}
+    for round_ in speculative[1:]:
+        if round_.draft_token_ids:
+            by_k.setdefault(len(round_.draft_token_ids), []).append(round_.verify_seconds)
+    return {k: median(seconds) / step_seconds for k, seconds in sorted(by_k.items())}
+
+
+def interpolated(costs: dict[int, float], k: int) -> float:
+    """v(k) between the measured points, with v(0) = 1: a round with nothing drafted is a one-token step."""
+    points = sorted({0: 1.0, **costs}.items())
+    if k in costs or k == 0:
+        return dict(points)[k]
+    below = max((p for p in points if p[0] < k), key=lambda p: p[0])
+    above = min((p for p in points if p[0] > k), key=lambda p: p[0], default=below)
+    if above == below:
+        return below[1]
+    return below[1] + (above[1] - below[1]) * (k - below[0]) / (above[0] - below[0])
+
+
+def capped_speedup_model(
+    rounds: Sequence[Round],
+    alpha_by_position: Sequence[float],
+    costs: dict[int, float],
+    cap: int,
+    fixed: tuple[float, float],
+) -> float:
+    """Tokens per round over steps per round had each round proposed at most `cap` of its drafts: tokens from the
+    measured α curve, costs from the measured v(k) plus `fixed` = (draft step per token, other steps per round)."""
+    draft_step, other_step = fixed
+    tokens = cost = 0.0
+    for round_ in rounds:
+        k = min(len(round_.draft_token_ids), cap)
+        tokens += curve_tokens_per_round(alpha_by_position, k)
+        cost += interpolated(costs, k) + draft_step * k + other_step
+    return tokens / cost if cost else 0.0
 
 
 def compare_runs(speculative: Sequence[Round], baseline: Sequence[Round], num_draft_tokens: int) -> Comparison:
-    """Speedup, and the formula's prediction from measured parts; round 0 (the prompt's prefill) is left out of
-    the per-step costs."""
+    """Speedup as tokens per pass over round cost, v(k), Leviathan's prediction and the best cap on k."""
     spec, base = run_stats(speculative), run_stats(baseline)
-    step = _median([round_.verify_seconds for round_ in baseline[1:]]) or base.wall_seconds / max(1, base.num_rounds)
-    drafting = [round_ for round_ in speculative[1:] if round_.draft_token_ids]
-    draft_per_token = sum(r.draft_seconds for r in drafting) / max(1, sum(len(r.draft_token_ids) for r in drafting))
-    cost_ratio = draft_per_token / step if step else 0.0
-    verify_cost_ratio = _median([round_.verify_seconds for round_ in drafting]) / step if drafting and step else 1.0
-    generated = [token for round_ in speculative for token in round_.emitted_token_ids]
-    reference = [token for round_ in baseline for token in round_.emitted_token_ids]
+    step = base.wall_seconds / base.num_generated if base.num_generated else 0.0  # the identity's target step
+    one_token_step = median([round_.verify_seconds for round_ in baseline[1:]]) or step  # v(k)'s unit
+    costs = verify_costs(speculative, one_token_step) if one_token_step else {}
+    rounds = max(1, spec.num_rounds)
+    round_cost = spec.wall_seconds / rounds / step if step else 0.0
+    speedup = spec.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
+    predicted = sum(expected_tokens_per_round(spec.alpha, len(r.draft_token_ids)) for r in speculative) / rounds
+    predicted_speedup = predicted / round_cost if round_cost else 0.0
+    best, best_speedup = best_cap(speculative, spec, costs, one_token_step, speedup, num_draft_tokens)
     return Comparison(
-        speedup=spec.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0,
-        acceptance_rate=spec.acceptance_rate,
+        speedup=speedup,
         tokens_per_pass=spec.mean_tokens_per_round,
-        cost_ratio=cost_ratio,
-        verify_cost_ratio=verify_cost_ratio,
-        expected_speedup=expected_speedup(spec.acceptance_rate, num_draft_tokens, cost_ratio),
-        best_num_draft_tokens=best_num_draft_tokens(spec.acceptance_rate, cost_ratio),
-        identical=generated == reference,
+        round_cost=round_cost,
+        draft_cost=spec.draft_seconds / rounds / step if step else 0.0,
+        verify_cost=spec.verify_seconds / rounds / step if step else 0.0,
+        other_cost=spec.other_seconds / rounds / step if step else 0.0,
+        verify_cost_by_k=tuple(costs.items()),
+        predicted_tokens_per_pass=predicted,
+        predicted_speedup=predicted_speedup,
+        prediction_error=predicted_speedup / speedup - 1 if speedup else 0.0,
+        best_num_draft_tokens=best,
+        best_speedup=best_speedup,
+        identical=emitted_ids(speculative) == emitted_ids(baseline),
     )
+
+
+def best_cap(
+    speculative: Sequence[Round], spec: RunStats, costs: dict[int, float], step: float, speedup: float, used: int
+) -> tuple[int, float]:
+    """The cap on k (1..the longest proposal) that the measured α curve and costs favour, and its speedup, scaled
+    from this run's measured one by the model's ratio; no α is known beyond the longest proposal."""
+    decoding = speculative[1:]  # round 0 reads the prompt: its cost says nothing about k
+    longest = len(spec.alpha_by_position)
+    if not decoding or not longest or not costs or not step:
+        return used, speedup
+    drafted = sum(len(r.draft_token_ids) for r in decoding)
+    draft_step = sum(r.draft_seconds for r in decoding) / drafted / step if drafted else 0.0
+    fixed = (draft_step, sum(r.other_seconds for r in decoding) / len(decoding) / step)
+    alphas = spec.alpha_by_position
+    modelled = {cap: capped_speedup_model(decoding, alphas, costs, cap, fixed) for cap in range(1, longest + 1)}
+    best = max(modelled, key=lambda cap: modelled[cap])
+    return best, speedup * modelled[best] / modelled[longest] if modelled[longest] else speedup
+
+
+def emitted_ids(rounds: Sequence[Round]) -> list[int]:
+    return [token for round_ in rounds for token in round_.emitted_token_ids]

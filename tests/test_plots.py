@@ -18,8 +18,8 @@ ROUNDS = [
 def test_acceptance_per_round_and_cumulative():
     per_round, cumulative = acceptance_figure(ROUNDS).data
     assert list(per_round.x) == [2, 3, 4]  # the round that drafted nothing has no rate
-    assert list(per_round.y) == [1.0, 0.25, 0.0]
-    assert list(cumulative.y) == pytest.approx([1.0, 5 / 8, 5 / 10])
+    assert list(per_round.y) == [1.0, 0.5, 0.0]  # α: accepted / tested; round 3 never tested its last two drafts
+    assert list(cumulative.y) == pytest.approx([1.0, 5 / 6, 5 / 7])
 
 
 def test_latency_stacks_the_three_phases_in_milliseconds():
@@ -29,9 +29,10 @@ def test_latency_stacks_the_three_phases_in_milliseconds():
 
 
 def test_acceptance_by_position_counts_only_positions_that_were_tested():
-    by_position, per_round = positions_figure(ROUNDS, num_draft_tokens=4).data
+    by_position, independence, per_round = positions_figure(ROUNDS, num_draft_tokens=4).data
     # position 1: tested 3 times, accepted twice; position 2: tested twice, accepted once; 3 and 4: once, once
     assert list(by_position.y) == pytest.approx([2 / 3, 1 / 2, 1.0, 1.0])
+    assert list(independence.y) == pytest.approx([5 / 7, 5 / 7])  # the run's one α, Leviathan's assumption
     assert list(per_round.x) == [1, 5, 2, 1]
 
 

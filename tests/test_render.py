@@ -54,19 +54,27 @@ def test_html_escapes_token_text_and_marks_rounds():
 
 
 def test_summary_is_honest_when_speculation_is_slower():
-    spec = run_stats([make_round(0, [1, 2, 3], 0, "resampled", 0.5)])
+    spec_rounds = [make_round(0, [1, 2, 3], 0, "resampled", 0.5), make_round(1, [1, 2, 3], 1, "resampled", 0.5)]
+    spec = run_stats(spec_rounds)  # α = 1 / 3: one of three tested drafts accepted
     base = run_stats([make_round(0, [], 0, "bonus", 0.1)])
     comparison = Comparison(
         speedup=0.5,
-        acceptance_rate=0.1,
-        tokens_per_pass=1.0,
-        cost_ratio=0.01,
-        verify_cost_ratio=1.6,
-        expected_speedup=1.1,
+        tokens_per_pass=1.5,
+        round_cost=3.0,
+        draft_cost=0.2,
+        verify_cost=1.6,
+        other_cost=1.2,
+        verify_cost_by_k=((3, 1.6),),
+        predicted_tokens_per_pass=1.44,
+        predicted_speedup=0.48,
+        prediction_error=-0.04,
         best_num_draft_tokens=1,
+        best_speedup=0.7,
         identical=True,
     )
     text = summary_markdown(spec, 3, baseline=base, comparison=comparison, greedy=True)
-    assert "**Speedup 0.50×**" in text and "identical" in text
-    assert "Speculation was slower here" in text and "1.60× a one-token step" in text and "α = 0.10" in text
+    assert "**Speedup 0.50×** = 1.50 tokens per target pass ÷ 3.00 target steps per round" in text
+    assert "v(3) = 1.60" in text and "identical" in text and "**Best γ**" in text
+    assert "It misses because" not in text  # a 4% error needs no excuse
+    assert "Speculation was slower here" in text and "1.60× a one-token step" in text and "α = 0.33" in text
     assert "slower" not in summary_markdown(spec, 3, baseline=base, comparison=replace(comparison, speedup=1.4))
