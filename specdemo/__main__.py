@@ -12,12 +12,14 @@ from pathlib import Path
 from specdemo.bench import bench_app, bench_rejection_sampler, markdown_table, run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, check_prompt_fits
 from specdemo.decoding import autoregressive_generate, speculative_generate
-from specdemo.models import OFFLINE_DEFAULT, ModelCache, chat_prompt_ids, load_model
+from specdemo.models import OFFLINE_DEFAULT, ModelCache, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, Pair, custom_pair, find_pair, load_pair, make_drafter, pairs_table
+from specdemo.prompts import PROMPTS, load_prompts
 from specdemo.render import ansi_text, token_spans
 from specdemo.stats import round_record, run_stats
 
 EXIT_BAD_INPUT = 2  # as argparse uses for bad arguments
+EXIT_RUN_FAILED = 1  # the settings were fine but the run failed (a model error, out of memory...)
 
 
 def _progress(message: str) -> None:
@@ -27,8 +29,10 @@ def _progress(message: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdemo", description="Speculative decoding, made visible.")
     commands = parser.add_subparsers(dest="command", required=True)
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", help="show the Python traceback when a run fails")
 
-    generate = commands.add_parser("generate", help="decode one prompt and show every round")
+    generate = commands.add_parser("generate", parents=[debug], help="decode one prompt and show every round")
     generate.add_argument("--prompt", required=True)
     generate.add_argument("--pair", help="a pair from `python -m specdemo pairs` (instead of --target/--draft)")
     generate.add_argument("--target", default=OFFLINE_DEFAULT, help="model name, Hub id or directory")
@@ -47,8 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("pairs", help="list the draft/target pairs")
 
-    bench = commands.add_parser("bench", help="benchmark against Hugging Face generate, interleaved")
-    bench.add_argument("--target", default=OFFLINE_DEFAULT)
+    bench = commands.add_parser("bench", parents=[debug], help="benchmark against Hugging Face generate, interleaved")
+    bench.add_argument("--pair", default=DEFAULT_PAIR.key, help="a pair from `python -m specdemo pairs`")
+    bench.add_argument(
+        "--prompts", metavar="FILE", help='your own prompts: JSON lines with "name", "grounded" and "text"'
+    )
     bench.add_argument("--num-draft-tokens", type=int, default=SpeculativeConfig.num_draft_tokens)
     bench.add_argument("--max-new-tokens", type=int, default=SpeculativeConfig.max_new_tokens)
     bench.add_argument(
@@ -122,8 +129,8 @@ def generate_command(args: argparse.Namespace) -> int:
     print(ansi_text(token_spans(rounds, decode)))
     print(
         f"\n{target.description}: {stats.num_generated} tokens in {stats.num_target_forwards} target passes, "
-        f"{stats.tokens_per_second:.1f} tokens/s, acceptance {stats.acceptance_rate:.0%}, "
-        f"{stats.mean_tokens_per_round:.2f} tokens per pass",
+        f"{stats.tokens_per_second:.1f} tokens/s, α {stats.alpha:.2f} (accepted / tested), acceptance rate "
+        f"{stats.acceptance_rate:.2f} (accepted / drafted), {stats.mean_tokens_per_round:.2f} tokens per pass",
         file=sys.stderr,
     )
     return 0
@@ -139,17 +146,20 @@ def bench_command(args: argparse.Namespace) -> int:
         return 0
     if args.repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {args.repeats}.")
+    prompts = load_prompts(args.prompts) if args.prompts else PROMPTS  # checked before any model loads
+    pair = find_pair(args.pair)
     speculative = SpeculativeConfig(
-        num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens, min_ngram_size=args.min_ngram_size
+        num_draft_tokens=args.num_draft_tokens,
+        max_new_tokens=args.max_new_tokens,
+        min_ngram_size=args.min_ngram_size,
+        draft_temperature=pair.draft_temperature,
     )
-    target = load_model(args.target, _progress)
-    results = run_bench(
-        target,
-        speculative,
-        args.repeats,
-        log=lambda line: print(line, flush=True),
-        header=lambda line: print(line, flush=True),
-    )
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True)
+    for prompt in prompts:
+        prompt_ids = chat_prompt_ids(target, prompt.text)  # [1, T]
+        check_prompt_fits(prompt_ids.shape[1], speculative.max_new_tokens, target.context_length)
+    log = partial(print, flush=True)
+    results = run_bench(target, draft, speculative, args.repeats, prompts, log=log, pair=pair.key)
     results["rejection_sampler"] = bench_rejection_sampler()
     print(markdown_table(results))
     output = Path(args.output)
@@ -170,6 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as error:  # a model error, out of memory...: one sentence, the traceback only on request
+        if args.debug:
+            raise
+        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else "no message"
+        print(
+            f"error: the run failed ({error.__class__.__name__}: {detail}); run it again with --debug for the "
+            "traceback.",
+            file=sys.stderr,
+        )
+        return EXIT_RUN_FAILED
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Benchmark: our target-only and speculative loops against Hugging Face generate, interleaved in one process."""
+"""Benchmark: our target-only and speculative loops against Hugging Face generate, interleaved in one process,
+with the speedup explained per prompt (tokens per pass over round cost) and Leviathan's prediction beside it."""
 
 # B = batch, K = num_draft_tokens, V = vocab_size
 
@@ -9,164 +10,112 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import autoregressive_generate, speculative_generate
+from specdemo.decoding import Round, autoregressive_generate, speculative_generate
 from specdemo.models import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, make_drafter
+from specdemo.prompts import PROMPTS, BenchPrompt
 from specdemo.rejection import reference_rejection_sample, rejection_sample
-from specdemo.stats import run_stats
+from specdemo.stats import compare_runs, emitted_ids, run_stats
+
+ACCOUNTING_TOLERANCE = 0.05  # tokens per pass / round cost must reproduce the wall-clock speedup this closely
+TARGET_ONLY, SPECULATIVE, HF_GENERATE = "target-only (ours)", "speculative (ours)", "HF generate"
+Method = Callable[[torch.Tensor], tuple[list[int], list[Round]]]  # prompt_ids [1, T] -> tokens, our rounds
 
 
-@dataclass(frozen=True)
-class BenchPrompt:
-    name: str
-    grounded: bool  # True: the answer draws on text in the prompt (where prompt lookup should pay off)
-    text: str
-
-
-_CODE = """def moving_average(values, window):
-    result = []
-    for i in range(len(values) - window + 1):
-        chunk = values[i:i + window]
-        result.append(sum(chunk) / window)
-    return result
-"""
-_MEETING = (
-    "The quarterly planning meeting is moved from Tuesday, March 4 to Thursday, March 6 at 10:00 in room 2.14. "
-    "Anna Berg will present the budget review, Tom Lee will cover the hiring plan, and Maria Lopez will report "
-    "on the customer survey. Please send your slides to Anna by Wednesday, March 5 at noon."
-)
-_RECIPE = (
-    "Preheat the oven to 200 degrees. Cut four potatoes into thin slices. Mix the slices with two spoons of "
-    "olive oil, a pinch of salt and some rosemary. Spread them on a baking tray and bake for 35 minutes, "
-    "turning them once after 20 minutes."
-)
-
-PROMPTS: tuple[BenchPrompt, ...] = (
-    BenchPrompt(
-        "code-type-hints", True, f"Add type hints to this Python function and return the whole function:\n\n{_CODE}"
-    ),
-    BenchPrompt(
-        "code-rename",
-        True,
-        f"Rename the variable `chunk` to `window_values` in this code and show the full code:\n\n{_CODE}",
-    ),
-    BenchPrompt(
-        "fix-spelling",
-        True,
-        "Correct the spelling mistakes in this text and return the corrected text:\n\n"
-        "The quartely planing meeting is moved from Tuesday to Thursday. Anna will presnt the budget review "
-        "and Tom will cover the hirring plan. Please send your slides to Anna by Wendesday at noon.",
-    ),
-    BenchPrompt(
-        "extract-people", True, f"List every person mentioned in this text, with what they will do:\n\n{_MEETING}"
-    ),
-    BenchPrompt("summarise", True, f"Summarise this message in two sentences:\n\n{_MEETING}"),
-    BenchPrompt("recipe-steps", True, f"Rewrite this recipe as a numbered list of steps:\n\n{_RECIPE}"),
-    BenchPrompt("story", False, "Write a short story about a lighthouse keeper who finds a message in a bottle."),
-    BenchPrompt("explain", False, "Explain why the sky is blue to a ten-year-old."),
-    BenchPrompt("poem", False, "Write a poem about autumn in a big city."),
-)
-
-
-Method = Callable[[torch.Tensor], list[int]]  # prompt_ids [1, T] -> generated token ids
-
-
-def bench_methods(loaded: LoadedModel, speculative: SpeculativeConfig) -> dict[str, Method]:
-    """The four ways of decoding greedily that the table compares; all must produce the same tokens."""
-    model, eos = loaded.model, loaded.eos_token_ids
+def bench_methods(target: LoadedModel, draft: LoadedModel | None, speculative: SpeculativeConfig) -> dict[str, Method]:
+    """The four ways of decoding greedily that the table compares; all must produce the same tokens. The peer is
+    Hugging Face's own speculative decoding with the same drafter: prompt lookup, or the draft model."""
+    model, eos = target.model, target.eos_token_ids
     greedy = SamplingConfig()
-    num_draft_tokens, max_new_tokens = speculative.num_draft_tokens, speculative.max_new_tokens
 
-    def ours_target_only(prompt_ids: torch.Tensor) -> list[int]:
-        rounds = autoregressive_generate(model, prompt_ids, greedy, max_new_tokens, eos)
-        return [token for round_ in rounds for token in round_.emitted_token_ids]
+    def ours_target_only(prompt_ids: torch.Tensor) -> tuple[list[int], list[Round]]:
+        rounds = list(autoregressive_generate(model, prompt_ids, greedy, speculative.max_new_tokens, eos))
+        return emitted_ids(rounds), rounds
 
-    def ours_speculative(prompt_ids: torch.Tensor) -> list[int]:
-        drafter = make_drafter(loaded, None, greedy, speculative)
-        rounds = speculative_generate(model, drafter, prompt_ids, greedy, speculative, eos)
-        return [token for round_ in rounds for token in round_.emitted_token_ids]
+    def ours_speculative(prompt_ids: torch.Tensor) -> tuple[list[int], list[Round]]:
+        drafter = make_drafter(target, draft, greedy, speculative)
+        rounds = list(speculative_generate(model, drafter, prompt_ids, greedy, speculative, eos))
+        return emitted_ids(rounds), rounds
 
-    def hf_generate(prompt_ids: torch.Tensor, **extra: int) -> list[int]:
+    def hf_generate(prompt_ids: torch.Tensor, **extra: object) -> tuple[list[int], list[Round]]:
         with torch.inference_mode():
             output = model.generate(
                 prompt_ids,
                 attention_mask=torch.ones_like(prompt_ids),
                 do_sample=False,
-                max_new_tokens=max_new_tokens,
+                max_new_tokens=speculative.max_new_tokens,
                 pad_token_id=min(eos),
                 **extra,
             )
-        return output[0, prompt_ids.shape[1] :].tolist()
+        return output[0, prompt_ids.shape[1] :].tolist(), []
 
+    if draft is None:
+        peer_name, peer = "HF prompt lookup", {"prompt_lookup_num_tokens": speculative.num_draft_tokens}
+    else:
+        peer_name = "HF assisted"
+        peer = {
+            "assistant_model": draft.model,
+            "num_assistant_tokens": speculative.num_draft_tokens,
+            "num_assistant_tokens_schedule": "constant",
+        }
     return {
-        "target-only (ours)": ours_target_only,
-        "speculative n-gram (ours)": ours_speculative,
-        "HF generate": hf_generate,
-        "HF prompt lookup": lambda prompt_ids: hf_generate(prompt_ids, prompt_lookup_num_tokens=num_draft_tokens),
+        TARGET_ONLY: ours_target_only,
+        SPECULATIVE: ours_speculative,
+        HF_GENERATE: hf_generate,
+        peer_name: lambda prompt_ids: hf_generate(prompt_ids, **peer),
     }
 
 
-def _timed(method: Method, prompt_ids: torch.Tensor) -> tuple[list[int], float]:
+def _timed(method: Method, prompt_ids: torch.Tensor) -> tuple[list[int], list[Round], float]:
     started = time.perf_counter()
-    tokens = method(prompt_ids)
-    return tokens, time.perf_counter() - started
+    tokens, rounds = method(prompt_ids)
+    return tokens, rounds, time.perf_counter() - started
 
 
 def run_bench(
-    loaded: LoadedModel,
+    target: LoadedModel,
+    draft: LoadedModel | None = None,
     speculative: SpeculativeConfig = SpeculativeConfig(),  # noqa: B008 (frozen, so a shared default is safe)
     repeats: int = 2,
     prompts: tuple[BenchPrompt, ...] = PROMPTS,
     log: Callable[[str], None] = lambda line: None,
-    header: Callable[[str], None] = lambda line: None,
+    pair: str = DEFAULT_PAIR.key,
 ) -> dict:
     """Every method on every prompt, the order rotated each time so no method always runs first or warm."""
-    methods = bench_methods(loaded, speculative)
+    methods = bench_methods(target, draft, speculative)
     names = list(methods)
-    warm_ids = chat_prompt_ids(loaded, "Hello!")
+    warm_ids = chat_prompt_ids(target, "Hello!")
     for method in methods.values():
         method(warm_ids)  # first calls pay one-time initialisation
-    header(table_header(names))
+    log(table_header(names))
     rows = []
     for prompt_index, prompt in enumerate(prompts):
-        prompt_ids = chat_prompt_ids(loaded, prompt.text)
+        prompt_ids = chat_prompt_ids(target, prompt.text)
         seconds: dict[str, list[float]] = {name: [] for name in names}
         outputs: dict[str, list[int]] = {}
+        runs: dict[str, list[list[Round]]] = {TARGET_ONLY: [], SPECULATIVE: []}
         for repeat in range(repeats):
             shift = (prompt_index + repeat) % len(names)
             for name in names[shift:] + names[:shift]:
-                outputs[name], elapsed = _timed(methods[name], prompt_ids)
+                outputs[name], rounds, elapsed = _timed(methods[name], prompt_ids)
                 seconds[name].append(elapsed)
-        # One more speculative run for its rounds: acceptance and overhead are counts, not timings.
-        drafter = make_drafter(loaded, None, SamplingConfig(), speculative)
-        rounds = list(
-            speculative_generate(loaded.model, drafter, prompt_ids, SamplingConfig(), speculative, loaded.eos_token_ids)
-        )
-        stats = run_stats(rounds)
-        num_tokens = len(outputs[names[0]])
-        row = {
-            "prompt": prompt.name,
-            "grounded": prompt.grounded,
-            "prompt_tokens": prompt_ids.shape[1],
-            "new_tokens": num_tokens,
-            "identical": all(output == outputs[names[0]] for output in outputs.values()),
-            "tokens_per_second": {name: num_tokens / statistics.median(seconds[name]) for name in names},
-            "acceptance_rate": stats.acceptance_rate,
-            "mean_tokens_per_round": stats.mean_tokens_per_round,
-            "overhead_fraction": stats.overhead_fraction,
-        }
+                if name in runs:
+                    runs[name].append(rounds)
+        row = bench_row(prompt, prompt_ids.shape[1], names, seconds, outputs, runs, speculative.num_draft_tokens)
         rows.append(row)
         log(format_row(row, names))
     return {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, {platform.processor() or 'cpu'}",
-        "device": str(loaded.device),
-        "model": loaded.name,
+        "device": str(target.device),
+        "pair": pair,
+        "model": target.name,
+        "draft": draft.name if draft is not None else "prompt lookup",
+        "draft_temperature": speculative.draft_temperature,
         "torch": torch.__version__,
         "num_draft_tokens": speculative.num_draft_tokens,
         "max_new_tokens": speculative.max_new_tokens,
@@ -178,14 +127,56 @@ def run_bench(
     }
 
 
+def bench_row(
+    prompt: BenchPrompt,
+    num_prompt_tokens: int,
+    names: list[str],
+    seconds: dict[str, list[float]],
+    outputs: dict[str, list[int]],
+    runs: dict[str, list[list[Round]]],
+    num_draft_tokens: int,
+) -> dict:
+    """One prompt's figures: speeds, the measured speedup, the accounting of the same runs and the prediction."""
+    num_tokens = len(outputs[names[0]])
+    comparisons = [
+        compare_runs(spec, base, num_draft_tokens)
+        for spec, base in zip(runs[SPECULATIVE], runs[TARGET_ONLY], strict=True)
+    ]
+    measured = statistics.median(seconds[TARGET_ONLY]) / statistics.median(seconds[SPECULATIVE])
+    accounted = statistics.median(c.tokens_per_pass / c.round_cost for c in comparisons)
+    predicted = statistics.median(c.predicted_speedup for c in comparisons)
+    stats = run_stats(runs[SPECULATIVE][0])  # greedy: every repeat decides the same rounds
+    return {
+        "prompt": prompt.name,
+        "grounded": prompt.grounded,
+        "prompt_tokens": num_prompt_tokens,
+        "new_tokens": num_tokens,
+        "identical": all(output == outputs[names[0]] for output in outputs.values()),
+        "tokens_per_second": {name: num_tokens / statistics.median(seconds[name]) for name in names},
+        "alpha": stats.alpha,
+        "acceptance_rate": stats.acceptance_rate,
+        "alpha_by_position": stats.alpha_by_position,
+        "no_proposal_share": stats.no_proposal_share,
+        "mean_tokens_per_round": stats.mean_tokens_per_round,
+        "overhead_fraction": stats.overhead_fraction,
+        "verify_cost_by_k": dict(comparisons[0].verify_cost_by_k),
+        "best_num_draft_tokens": comparisons[0].best_num_draft_tokens,
+        "measured_speedup": measured,
+        "accounted_speedup": accounted,  # tokens per pass / round cost, from the same runs' rounds
+        "accounting_error": accounted / measured - 1,
+        "predicted_speedup": predicted,  # Leviathan's independence model with the measured α, k and costs
+        "prediction_error": predicted / measured - 1,
+    }
+
+
 def summarise(rows: list[dict], names: list[str]) -> dict:
     """Median ratios over the grounded and the open-ended prompts."""
-    target, spec, hf, hf_lookup = names
+    target, spec, hf, peer = names
 
     def median_ratio(group: list[dict], top: str, bottom: str) -> float:
         return statistics.median(row["tokens_per_second"][top] / row["tokens_per_second"][bottom] for row in group)
 
-    summary = {}
+    summary: dict = {}
     for label, group in (
         ("grounded", [r for r in rows if r["grounded"]]),
         ("open", [r for r in rows if not r["grounded"]]),
@@ -193,23 +184,29 @@ def summarise(rows: list[dict], names: list[str]) -> dict:
         if not group:
             continue
         summary[label] = {
-            "speculative / target-only (ours)": median_ratio(group, spec, target),
-            "target-only (ours) / HF generate": median_ratio(group, target, hf),
-            "speculative (ours) / HF prompt lookup": median_ratio(group, spec, hf_lookup),
-            "HF prompt lookup / HF generate": median_ratio(group, hf_lookup, hf),
-            "median acceptance rate": statistics.median(row["acceptance_rate"] for row in group),
+            f"{spec} / {target}": median_ratio(group, spec, target),
+            f"{target} / {hf}": median_ratio(group, target, hf),
+            f"{spec} / {peer}": median_ratio(group, spec, peer),
+            f"{peer} / {hf}": median_ratio(group, peer, hf),
+            "median α (accepted / tested)": statistics.median(row["alpha"] for row in group),
+            "median acceptance rate (accepted / drafted)": statistics.median(row["acceptance_rate"] for row in group),
+            "median prediction error": statistics.median(row["prediction_error"] for row in group),
+            "largest accounting error": max((row["accounting_error"] for row in group), key=abs),
             "median overhead fraction": statistics.median(row["overhead_fraction"] for row in group),
         }
     summary["all outputs identical"] = all(row["identical"] for row in rows)
+    summary["accounting within 5% on every prompt"] = all(
+        abs(row["accounting_error"]) <= ACCOUNTING_TOLERANCE for row in rows
+    )
     return summary
 
 
 def format_row(row: dict, names: list[str]) -> str:
     speeds = "  ".join(f"{row['tokens_per_second'][name]:6.1f}" for name in names)
     return (
-        f"{row['prompt']:16s} {'yes' if row['grounded'] else 'no ':3s} {row['new_tokens']:4d}  {speeds}  "
-        f"{row['acceptance_rate']:5.2f}  {row['mean_tokens_per_round']:4.2f}  {row['overhead_fraction']:5.1%}  "
-        f"{'yes' if row['identical'] else 'NO'}"
+        f"{row['prompt'][:16]:16s} {'yes' if row['grounded'] else 'no ':3s} {row['new_tokens']:4d}  {speeds}  "
+        f"{row['alpha']:5.2f}  {row['mean_tokens_per_round']:4.2f}  {row['measured_speedup']:5.2f}  "
+        f"{row['accounted_speedup']:5.2f}  {row['predicted_speedup']:5.2f}  {'yes' if row['identical'] else 'NO'}"
     )
 
 
@@ -217,7 +214,7 @@ def table_header(names: list[str]) -> str:
     return (
         f"{'prompt':16s} {'grd':3s} {'new':>4s}  "
         + "  ".join(f"{name[:6]:>6s}" for name in names)
-        + "  accept  tok/r  overhd  same"
+        + "      α  tok/p  meas.  acct.  pred.  same"
     )
 
 
@@ -261,30 +258,41 @@ def bench_rejection_sampler(
 
 
 def markdown_table(results: dict) -> str:
-    """The README's table, from bench JSON: tokens/s per method and prompt, then the median ratios."""
+    """The README's tables, from bench JSON: per prompt, tokens/s, α, the speedup measured, accounted and
+    predicted; then the median ratios."""
     names = results["methods"]
     lines = [
-        f"Measured {results['date']} on {results['machine']} ({results['device']}), {results['model']}, float32, "
-        f"greedy, {results['max_new_tokens']} new tokens at most, K = {results['num_draft_tokens']}, "
-        f"prompt lookup on matches of {results.get('min_ngram_size', 2)} to 3 tokens, "
+        f"Measured {results['date']} on {results['machine']} ({results['device']}), pair {results.get('pair')}: "
+        f"{results['model']} drafted by {results.get('draft', 'prompt lookup')}, greedy, "
+        f"{results['max_new_tokens']} new tokens at most, K = {results['num_draft_tokens']}, "
         f"median of {results['repeats']} interleaved runs, torch {results['torch']}.",
         "",
         "| prompt | grounded | new tokens | "
         + " | ".join(f"{name} tok/s" for name in names)
-        + " | acceptance | tokens/pass | overhead | identical |",
-        "|---" * (len(names) + 7) + "|",
+        + " | α | acceptance rate | tokens/pass | speedup measured | tokens/pass ÷ round cost | Leviathan predicts |"
+        " identical |",
+        "|---" * (len(names) + 10) + "|",
     ]
     for row in results["rows"]:
         speeds = " | ".join(f"{row['tokens_per_second'][name]:.1f}" for name in names)
         lines.append(
             f"| {row['prompt']} | {'yes' if row['grounded'] else 'no'} | {row['new_tokens']} | {speeds} | "
-            f"{row['acceptance_rate']:.2f} | {row['mean_tokens_per_round']:.2f} | {row['overhead_fraction']:.1%} | "
+            f"{row['alpha']:.2f} | {row['acceptance_rate']:.2f} | {row['mean_tokens_per_round']:.2f} | "
+            f"{row['measured_speedup']:.2f}× | {row['accounted_speedup']:.2f}× ({row['accounting_error']:+.1%}) | "
+            f"{row['predicted_speedup']:.2f}× ({row['prediction_error']:+.0%}) | "
             f"{'yes' if row['identical'] else 'NO'} |"
         )
-    lines += ["", "| median ratio | grounded prompts | open-ended prompts |", "|---|---|---|"]
-    grounded, open_ended = results["summary"].get("grounded", {}), results["summary"].get("open", {})
-    for key in grounded:
-        lines.append(f"| {key} | {grounded[key]:.2f} | {open_ended.get(key, float('nan')):.2f} |")
+    lines += ["", "| median | grounded prompts | open-ended prompts |", "|---|---|---|"]
+    summary = results["summary"]
+    grounded, open_ended = summary.get("grounded", {}), summary.get("open", {})
+    for key in grounded or open_ended:
+        cells = [f"{group[key]:.2f}" if key in group else "–" for group in (grounded, open_ended)]
+        lines.append(f"| {key} | {cells[0]} | {cells[1]} |")
+    lines += [
+        "",
+        f"All outputs identical: {'yes' if summary['all outputs identical'] else 'NO'}. "
+        f"Accounting within 5% on every prompt: {'yes' if summary['accounting within 5% on every prompt'] else 'NO'}.",
+    ]
     sampler = results.get("rejection_sampler")
     if sampler:
         lines += [

@@ -82,3 +82,21 @@ def test_bad_input_gives_no_traceback_in_a_real_process():
     )
     assert completed.returncode == 2
     assert completed.stderr.strip() == "error: top-p must be in (0, 1], got 2.0."
+
+
+def test_a_failing_run_is_one_sentence_and_exit_1_and_debug_shows_the_traceback(monkeypatch, capsys):
+    import specdemo.__main__ as cli
+
+    def failing(*args, **kwargs):
+        yield from ()
+        raise RuntimeError("crop was called, but the current layer does not track past states\nsecond line")
+
+    monkeypatch.setattr(cli, "speculative_generate", failing)
+    assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "4"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (
+        "error: the run failed (RuntimeError: crop was called, but the current layer does not track past states); "
+        "run it again with --debug for the traceback."
+    )
+    with pytest.raises(RuntimeError, match="crop was called"):
+        main(["generate", "--prompt", PROMPT, "--max-new-tokens", "4", "--debug"])

@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
-from specdemo.bench import PROMPTS
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.models import chat_prompt_ids
+from specdemo.prompts import PROMPTS
 from specdemo.stats import run_stats
 
 MAX_NEW_TOKENS = 48

@@ -1,0 +1,74 @@
+"""The benchmark: your own prompts file, checked line by line, and per prompt the measured, accounted and
+predicted speedups."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdemo.__main__ import main
+from specdemo.bench import ACCOUNTING_TOLERANCE, run_bench
+from specdemo.config import SpeculativeConfig
+from specdemo.prompts import load_prompts
+
+GOOD = {"name": "copy", "grounded": True, "text": "Repeat this list: apples, bread, milk, eggs, rice, tea."}
+
+
+def write_lines(tmp_path, *lines: str):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("second_line", "message"),
+    [
+        ('{"name": "x", "grounded": true, "text": "hi"', "line 2 is not valid JSON"),
+        ('["name", "grounded", "text"]', "line 2 is not a JSON object"),
+        ('{"name": "x", "grounded": true, "text": "   "}', "line 2 has an empty text"),
+        ('{"name": "x", "grounded": true, "txt": "hi"}', "line 2 has the unknown key 'txt'"),
+        ('{"name": "x", "text": "hi"}', "line 2 lacks the key 'grounded'"),
+        ('{"name": "x", "grounded": "yes", "text": "hi"}', "line 2 has grounded = 'yes': use true or false"),
+        ('{"name": "", "grounded": true, "text": "hi"}', "line 2 has an empty or non-text name"),
+        ('{"name": "x", "grounded": true, "text": "a\\u0000b"}', "line 2: The prompt contains the control character"),
+        (json.dumps(GOOD), "names 'copy' twice"),
+    ],
+)
+def test_a_bad_prompts_file_gets_one_sentence_naming_the_line(tmp_path, capsys, second_line, message):
+    path = write_lines(tmp_path, json.dumps(GOOD), second_line)
+    assert main(["bench", "--prompts", str(path)]) == 2  # refused before any model loads
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith("error: ") and message in error, error
+
+
+def test_a_missing_or_empty_prompts_file_is_named(tmp_path, capsys):
+    assert main(["bench", "--prompts", str(tmp_path / "nope.jsonl")]) == 2
+    assert "Cannot read the prompts file" in capsys.readouterr().err
+    assert main(["bench", "--prompts", str(write_lines(tmp_path, "", "  "))]) == 2
+    assert "holds no prompts" in capsys.readouterr().err
+
+
+def test_blank_lines_are_skipped_and_prompts_keep_their_order(tmp_path):
+    other = {**GOOD, "name": "free", "grounded": False}
+    prompts = load_prompts(write_lines(tmp_path, json.dumps(GOOD), "", json.dumps(other)))
+    assert [(p.name, p.grounded) for p in prompts] == [("copy", True), ("free", False)]
+
+
+def test_bench_reports_measured_accounted_and_predicted_speedups(offline_model, tmp_path):
+    prompts = load_prompts(
+        write_lines(
+            tmp_path,
+            json.dumps(GOOD),
+            json.dumps({"name": "free", "grounded": False, "text": "Write two sentences about rain."}),
+        )
+    )
+    results = run_bench(offline_model, None, SpeculativeConfig(max_new_tokens=24), repeats=1, prompts=prompts)
+    assert [row["prompt"] for row in results["rows"]] == ["copy", "free"]
+    for row in results["rows"]:
+        assert row["identical"]
+        assert row["measured_speedup"] > 0 and row["predicted_speedup"] > 0
+        assert row["prediction_error"] == pytest.approx(row["predicted_speedup"] / row["measured_speedup"] - 1)
+        # tokens per pass / round cost, from the runs' own rounds, reproduces the wall-clock speedup
+        assert abs(row["accounting_error"]) <= ACCOUNTING_TOLERANCE, row
+    assert results["summary"]["accounting within 5% on every prompt"]
