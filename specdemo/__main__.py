@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=SpeculativeConfig.min_ngram_size,
         help="shortest match prompt lookup drafts from (1 shows why the default is 2)",
     )
+    bench.add_argument("--draft-temperature", type=float, help="a draft model's own temperature (default: the pair's)")
     bench.add_argument("--repeats", type=int, default=2, help="timed runs of each method per prompt (median)")
     bench.add_argument("--output", default="bench-results/bench.json", help="where the JSON results go")
     bench.add_argument("--markdown", metavar="JSON", help="print the README table of an earlier run's JSON and exit")
@@ -152,7 +153,7 @@ def bench_command(args: argparse.Namespace) -> int:
         num_draft_tokens=args.num_draft_tokens,
         max_new_tokens=args.max_new_tokens,
         min_ngram_size=args.min_ngram_size,
-        draft_temperature=pair.draft_temperature,
+        draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
     )
     target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True)
     for prompt in prompts:
