@@ -168,6 +168,8 @@ LARGE_PREDICTION_ERROR = 0.10  # beyond this the summary says why Leviathan's pr
 def alpha_line(spec: RunStats) -> str:
     """α (tested drafts), vLLM's acceptance rate (all drafts), α by position, and the rounds that proposed nothing."""
     by_position = " · ".join(f"{alpha:.2f}" for alpha in spec.alpha_by_position) or "none tested"
+    if spec.tested_by_position:
+        by_position += f" (tested {' · '.join(str(n) for n in spec.tested_by_position)} times)"
     return (
         f"**α = {spec.alpha:.2f}**: {spec.num_accepted} of {spec.num_tested} tested drafts accepted "
         f"(acceptance rate, accepted ÷ all {spec.num_drafted} drafted: {spec.acceptance_rate:.2f}) · α by draft "
