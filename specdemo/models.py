@@ -206,20 +206,41 @@ def load_model(
             f"Could not load the weights of '{name}' ({error.__class__.__name__}: {error})"[:300]
         ) from error
     model = model.to(device).eval()
-    warm_up(model)
+    check_rollback(name, warm_up(model))
     progress(f"Loaded {name} in {time.perf_counter() - started:.1f} s.")
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device)
 
 
-@torch.inference_mode()
-def warm_up(model: PreTrainedModel) -> None:
-    """One multi-token pass and one cached one-token step, so that one-time kernel set-up is not billed to the
-    first timed run (it made the first speculative run of a session look 2.8x costlier per verification)."""
+def rollback_cache(model: PreTrainedModel) -> DynamicCache:
+    """A KV cache that can drop rejected positions, set up as transformers' assisted generation sets up its own:
+    the model's layer types (sliding-window layers keep their window), with past recording on, so that a sliding
+    layer keeps the states a crop needs even past its window (without it, crop raises there)."""
     cache = DynamicCache(config=model.config)
-    ids = torch.zeros(1, 8, dtype=torch.long, device=model.device)
+    cache.activate_past_recording()
+    return cache
+
+
+@torch.inference_mode()
+def warm_up(model: PreTrainedModel) -> DynamicCache:
+    """One multi-token pass and one cached one-token step, so that one-time kernel set-up is not billed to the
+    first timed run (it made the first speculative run of a session look 2.8x costlier per verification).
+    Returns the filled cache, for check_rollback."""
+    cache = rollback_cache(model)
+    ids = torch.zeros(1, 8, dtype=torch.long, device=model.device)  # [1, 8]
     model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=8)
     model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True, logits_to_keep=1)
     synchronize(model.device)
+    return cache
+
+
+def check_rollback(name: str, cache: DynamicCache) -> None:
+    """Refuse a model whose cache, after a forward pass, cannot drop positions: speculative decoding rolls back
+    after every rejection, and a recurrent state (Mamba, linear attention) cannot be cropped."""
+    if not cache.is_croppable or cache.get_seq_length() == 0:
+        raise ValueError(
+            f"'{name}' keeps a recurrent state (or no KV cache) that cannot be rolled back after a rejected draft "
+            "token, so it cannot take part in speculative decoding here: pick an attention-only model."
+        )
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
@@ -309,8 +330,9 @@ class KVCachedModel:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.device = model.device
-        self.cache = DynamicCache(config=model.config)
+        self.cache = rollback_cache(model)
         self.cached_ids = torch.empty(1, 0, dtype=torch.long, device=self.device)  # [B, T_cached]
+        self.uncropped_length = 0  # tokens fed since the last crop: the deepest crop a sliding layer can undo
         self.forward_seconds = 0.0  # total time inside model forward passes, for the overhead figures
         self.last_input_length = 0  # tokens fed in the latest pass (the whole prompt in the first)
         self.last_forward_seconds = 0.0
@@ -321,11 +343,18 @@ class KVCachedModel:
         return length if bool(same.all()) else int(same.long().argmin())
 
     def rollback(self, length: int) -> None:
-        """Drop cached positions from `length` on (DynamicCache.crop takes the negative count)."""
+        """Drop cached positions from `length` on (DynamicCache.crop takes the negative count).
+
+        A crop shrinks sliding-window layers back to their window, so a later crop can only undo the tokens fed
+        since; a deeper rollback (never needed by the decoding loops) starts over from an empty cache."""
         excess = self.cached_ids.shape[1] - length
-        if excess > 0:
+        if excess > self.uncropped_length:
+            self.cache, self.cached_ids = rollback_cache(self.model), self.cached_ids[:, :0]
+            self.uncropped_length = 0
+        elif excess > 0:
             self.cache.crop(-excess)
             self.cached_ids = self.cached_ids[:, :length]
+            self.uncropped_length = 0
 
     @torch.inference_mode()
     def logits(
@@ -334,9 +363,8 @@ class KVCachedModel:
         num_logits: int,  # N: logits are returned for the last N positions
     ) -> torch.Tensor:  # [B, N, V]
         # At least one token is always fed, so the last position's logits are fresh.
-        keep = min(self.common_prefix_length(sequence_ids), sequence_ids.shape[1] - 1)
-        self.rollback(keep)
-        new_ids = sequence_ids[:, keep:]  # [B, T - keep]
+        self.rollback(min(self.common_prefix_length(sequence_ids), sequence_ids.shape[1] - 1))
+        new_ids = sequence_ids[:, self.cached_ids.shape[1] :]  # [B, T - T_cached]
         assert new_ids.shape[1] >= num_logits, f"asked for {num_logits} logits but feeding {new_ids.shape[1]} tokens"
         started = time.perf_counter()
         output = self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
@@ -344,5 +372,6 @@ class KVCachedModel:
         self.last_forward_seconds = time.perf_counter() - started
         self.forward_seconds += self.last_forward_seconds
         self.cached_ids = sequence_ids
+        self.uncropped_length += new_ids.shape[1]
         self.last_input_length = new_ids.shape[1]
         return output.logits

@@ -1,0 +1,183 @@
+"""Rollback past a sliding window: a tiny random Gemma 3 (window 8) and the offline Gemma 3 270M (window 512)."""
+
+# T = sequence length, N = positions whose logits are kept, V = vocab_size
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+
+from specdemo.__main__ import main
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.decoding import Round, autoregressive_generate, speculative_generate
+from specdemo.drafters import ModelDrafter, NgramDrafter
+from specdemo.models import KVCachedModel, LoadedModel, chat_prompt_ids, check_rollback, load_model, warm_up
+from specdemo.offline import OFFLINE_MODELS, package_dir
+from specdemo.pairs import make_drafter
+
+GREEDY = SamplingConfig()
+NO_EOS: frozenset[int] = frozenset()
+TINY_WINDOW = 8
+TINY_VOCAB = 32
+ITEMS = ("apples", "pears", "plums", "cherries", "lemons", "grapes", "melons", "peaches", "figs", "limes")
+CITIES = ("Leeds", "York", "Bath", "Derby", "Hull", "Wells")
+
+
+def order_lines_prompt(num_lines: int) -> str:
+    """Lines alike enough for prompt lookup to propose the next one, different enough for some drafts to fail."""
+    lines = [
+        f"Order {1000 + 7 * i}: {3 + i % 9} boxes of {ITEMS[i % 10]} for {CITIES[i % 6]}, "
+        f"due day {1 + (5 * i) % 28}, paid {'yes' if i % 3 else 'no'}."
+        for i in range(num_lines)
+    ]
+    return f"Copy these {num_lines} order lines exactly, one per line, in the same order:\n" + "\n".join(lines)
+
+
+def tiny_gemma(seed: int, num_layers: int = 4) -> Gemma3ForCausalLM:
+    """A random Gemma 3 in float64 with a window of 8 and a hybrid layer pattern, as the real one has."""
+    layer_types = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"][:num_layers]
+    config = Gemma3TextConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=TINY_WINDOW,
+        layer_types=layer_types,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=None,  # no EOS: every run emits exactly max_new_tokens, in generate() too
+        pad_token_id=0,
+        tie_word_embeddings=False,  # tied, a random Gemma mostly repeats its last token and lookup rarely fails
+    )
+    torch.manual_seed(seed)
+    return Gemma3ForCausalLM(config).to(torch.float64).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_target() -> Gemma3ForCausalLM:
+    return tiny_gemma(seed=1)
+
+
+def fresh_logits(model: Gemma3ForCausalLM, ids: torch.Tensor, num_logits: int) -> torch.Tensor:  # [1, N, V]
+    """An uncached forward of the whole sequence: the sliding window comes from the mask alone."""
+    with torch.inference_mode():
+        return model(input_ids=ids, use_cache=False).logits[:, -num_logits:]
+
+
+def generated(rounds: list[Round]) -> list[int]:
+    return [token for round_ in rounds for token in round_.emitted_token_ids]
+
+
+def hf_greedy(model: Gemma3ForCausalLM, prompt_ids: torch.Tensor, max_new_tokens: int) -> list[int]:  # [1, T]
+    """generate() with its own cache and stopping rules (EOS from the generation config, if any)."""
+    with torch.inference_mode():
+        output = model.generate(
+            prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False, max_new_tokens=max_new_tokens
+        )  # [1, T + new]
+    return output[0, prompt_ids.shape[1] :].tolist()
+
+
+def rejections_past(rounds: list[Round], prompt_length: int, window: int) -> list[int]:
+    """Sequence positions of the rounds that rejected a draft token after the sliding window was full."""
+    positions, position = [], prompt_length
+    for round_ in rounds:
+        if round_.num_accepted < len(round_.draft_token_ids) and position > window:
+            positions.append(position)
+        position += len(round_.emitted_token_ids)
+    return positions
+
+
+def test_tiny_cache_rolls_back_past_the_window(tiny_target):
+    """Each step is a call the decoding loops make; after each, the cached logits equal a fresh full pass."""
+    ids = torch.randint(2, TINY_VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))  # [1, 40]
+    cached = KVCachedModel(tiny_target)
+    steps = [
+        (ids[:, :20], 1),  # a prompt 2.5 windows long
+        (ids[:, :25], 5),  # verify 4 drafts + bonus
+        (torch.cat([ids[:, :22], ids[:, 30:31]], dim=1), 1),  # 2 accepted, 2 rejected: crop 3, feed the resampled
+        (ids[:, :22], 1),  # a draft model's next step after a rejection: crop 1
+        (ids[:, :23], 1),
+        (ids[:, :24], 1),
+        (ids[:, :26], 2),  # all accepted: feed the last draft and the bonus
+        (ids[:, :21], 1),  # back past the tokens fed since the last crop: the cache starts over
+        (ids[:, :40], 19),
+    ]
+    for sequence_ids, num_logits in steps:
+        logits = cached.logits(sequence_ids, num_logits)  # [1, N, V]
+        assert cached.cache.get_seq_length() == sequence_ids.shape[1]
+        torch.testing.assert_close(logits, fresh_logits(tiny_target, sequence_ids, num_logits), rtol=0, atol=1e-9)
+    assert cached.last_input_length == 19  # ids[:, :21] was still cached after the restart
+
+
+def test_tiny_greedy_parity_past_the_window(tiny_target):
+    """Prompt lookup and an unrelated draft model both meet rejections past the window; the output is the target's."""
+    pattern = torch.randint(2, TINY_VOCAB, (6,), generator=torch.Generator().manual_seed(1))  # [6]
+    prompt_ids = torch.cat([pattern, pattern[:4], pattern, pattern[2:]])[None]  # [1, 20] repeats, for lookup
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40)
+    baseline = generated(list(autoregressive_generate(tiny_target, prompt_ids, GREEDY, 40, NO_EOS)))
+    assert baseline == hf_greedy(tiny_target, prompt_ids, 40)
+    for drafter in (NgramDrafter(), ModelDrafter(tiny_gemma(seed=2, num_layers=2), GREEDY, TINY_VOCAB)):
+        rounds = list(speculative_generate(tiny_target, drafter, prompt_ids, GREEDY, spec, NO_EOS))
+        assert generated(rounds) == baseline, type(drafter).__name__
+        assert rejections_past(rounds, prompt_ids.shape[1], TINY_WINDOW), type(drafter).__name__
+
+
+def test_a_recurrent_state_is_refused_before_any_run(tiny_target):
+    """Linear-attention layers keep a recurrent state that crop cannot restore: refused, with one sentence."""
+    config = Qwen3NextConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        num_experts=2,
+        num_experts_per_tok=1,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        linear_num_value_heads=2,
+        linear_num_key_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+    )
+    torch.manual_seed(0)
+    recurrent = Qwen3NextForCausalLM(config).eval()
+    with pytest.raises(ValueError, match=r"'tiny-qwen3-next' keeps a recurrent state .* pick an attention-only model"):
+        check_rollback("tiny-qwen3-next", warm_up(recurrent))
+    check_rollback("tiny-gemma", warm_up(tiny_target))  # sliding windows roll back: accepted
+
+
+GEMMA = "gemma-3-270m"
+LONG_PROMPT = order_lines_prompt(60)  # about 790 words, as in the bug report
+
+
+@pytest.fixture(scope="module")
+def gemma() -> LoadedModel:
+    if package_dir(OFFLINE_MODELS[GEMMA]) is None:
+        pytest.skip(f"{GEMMA}: optional package not installed ({OFFLINE_MODELS[GEMMA].install})")
+    return load_model(GEMMA, device=torch.device("cpu"))
+
+
+def test_gemma_greedy_parity_with_rejections_past_the_window(gemma):
+    prompt_ids = chat_prompt_ids(gemma, LONG_PROMPT)  # [1, T]
+    window = gemma.model.config.sliding_window
+    assert window == 512 and prompt_ids.shape[1] >= 700, (window, prompt_ids.shape)
+    spec = SpeculativeConfig(max_new_tokens=50)
+    drafter = make_drafter(gemma, None, GREEDY, spec)
+    assert isinstance(drafter, NgramDrafter)
+    rounds = list(speculative_generate(gemma.model, drafter, prompt_ids, GREEDY, spec, gemma.eos_token_ids))
+    assert rejections_past(rounds, prompt_ids.shape[1], window), [(r.draft_token_ids, r.num_accepted) for r in rounds]
+    baseline = list(autoregressive_generate(gemma.model, prompt_ids, GREEDY, 50, gemma.eos_token_ids))
+    assert generated(rounds) == generated(baseline) == hf_greedy(gemma.model, prompt_ids, 50)
+
+
+def test_cli_generates_on_the_long_prompt_of_the_bug_report(gemma, capsys):
+    """The command of the bug report (fewer tokens): it loads its own copy of the model and must exit 0."""
+    command = ["generate", "--pair", "gemma-3-270m-ngram", "--prompt", LONG_PROMPT, "--max-new-tokens", "30", "--json"]
+    assert main(command) == 0, capsys.readouterr().err[-2000:]
