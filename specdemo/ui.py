@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 import gradio as gr
+import torch
 
 from specdemo.config import (
     MAX_NUM_DRAFT_TOKENS,
@@ -45,7 +46,7 @@ CUSTOM = "custom"
 UI_MAX_NEW_TOKENS = 512  # the slider's end: a run stays well under a minute on a CPU
 CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~28 ms to build four): at most 2 updates a second
 TOKENS_INTERVAL_SECONDS = 0.1  # tokens stream in batches of rounds, so the page's work never slows the engine
-ABANDONED_SECONDS = 0.6  # a run whose page stopped asking for rounds this long ago was cancelled
+RUN_CONCURRENCY = 1  # runs decoding at once: they share the CPU's cores, so a second run only slows the first
 QUEUE_SIZE = 16  # waiting runs beyond this are told the queue is full
 RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so
 LIMITS = (
@@ -90,6 +91,18 @@ class RunRequest:
     chat: bool
     compare: bool
     allow_local: bool  # the operator allowed local directories (SPECDEMO_ALLOW_LOCAL_PATHS=1)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run: its checked request, models and prompt, what it shares with other runs, and when it must end."""
+
+    request: RunRequest
+    target: LoadedModel
+    draft: LoadedModel | None
+    prompt_ids: torch.Tensor  # [1, T]
+    models_in_use: threading.Semaphore  # held by an engine thread for as long as it runs the shared models
+    deadline: float  # time.monotonic() at which the run's time budget ends, comparisons included
 
 
 def parse_request(
@@ -189,11 +202,45 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
     # The default pair is ready before the first visitor (and ZeroGPU wants models loaded outside GPU functions).
     load_pair(DEFAULT_PAIR, cache, progress=print)
 
+    models_in_use = threading.Semaphore(RUN_CONCURRENCY)  # held by each engine thread while it runs the models
+
     @on_gpu
-    def generate(*values: object, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
-        """The run: the form's values in the order of `inputs` below (parse_request's parameters)."""
+    def generate(
+        prompt: str,
+        pair: str,
+        custom_target: str,
+        custom_draft: str,
+        temperature: float,
+        top_k: float,
+        top_p: float,
+        repetition_penalty: float,
+        draft_temperature: float,
+        num_draft_tokens: float,
+        max_new_tokens: float,
+        seed: float,
+        chat: bool,
+        compare: bool,
+        progress: gr.Progress = gr.Progress(),
+    ) -> Iterator[tuple]:
+        """Speculative decoding of `prompt` with the draft/target `pair`, streamed; then, with `compare`, the
+        target (and draft model) alone. Each parameter but `prompt` defaults to the form's value."""
         try:
-            request = parse_request(*values)  # type: ignore[arg-type]
+            request = parse_request(
+                prompt,
+                pair,
+                custom_target,
+                custom_draft,
+                temperature,
+                top_k,
+                top_p,
+                repetition_penalty,
+                draft_temperature,
+                num_draft_tokens,
+                max_new_tokens,
+                seed,
+                chat,
+                compare,
+            )
             target, draft = load_pair(
                 request.pair, cache, lambda message: progress(0.0, desc=message), allow_local=request.allow_local
             )
@@ -201,10 +248,12 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
             check_prompt_fits(prompt_ids.shape[1], request.speculative.max_new_tokens, target.context_length)
         except ValueError as error:
             raise user_error(str(error)) from error
+        deadline = time.monotonic() + RUN_TIME_BUDGET_SECONDS
         try:
-            yield from stream_run(request, target, draft, prompt_ids)
+            yield from stream_run(Run(request, target, draft, prompt_ids, models_in_use, deadline))
         except Exception as error:  # a model error, out of memory...: this run fails, the app and its models stay
             message = f"The run failed ({error.__class__.__name__}: {str(error)[:200]})"
+            yield gr.skip(), html.escape(f"**{message}.**", quote=False), *unchanged_charts()  # the why, kept
             raise user_error(
                 f"{message}. The app is still serving: try again, or fewer tokens or a smaller pair.", log=True
             ) from error
@@ -221,6 +270,7 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                 )
                 note = gr.Markdown(DEFAULT_PAIR.note, elem_id="pair-note")
                 custom_target = gr.Textbox(
+                    "",  # a value, so API clients may leave it out
                     label="Target (Hub id)",
                     placeholder="HuggingFaceTB/SmolLM2-360M-Instruct",
                     visible=False,
@@ -302,12 +352,16 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                     generate,
                     inputs=inputs,
                     outputs=outputs,
-                    concurrency_limit=1,
+                    concurrency_limit=RUN_CONCURRENCY,
+                    concurrency_id="generate",  # Run and Enter share the run slots
                     preprocess=False,
                     api_name="generate" if trigger == run.click else False,
                 )
             )
-        stop.click(None, cancels=run_events, api_visibility="private")
+        # queue=False: the note must not wait behind the run it stops
+        stop.click(
+            stopped_summary, inputs=summary, outputs=summary, cancels=run_events, queue=False, api_visibility="private"
+        )
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)  # explicit: ZeroGPU would default to 1
     return demo
 
@@ -329,52 +383,71 @@ def describe_pair(pair_key: str) -> tuple:
 _DONE = object()
 
 
-def rounds_in_background(rounds: Iterator[Round], interval: float) -> Iterator[list[Round]]:
-    """Run the engine in its own thread and yield the rounds that arrived, at most every `interval` seconds.
+class EngineThread:
+    """An engine (an iterator of rounds) run in its own thread, so a slow page or network never slows or stops it.
 
-    The engine stops after the round in progress once this generator is closed, or once the page has not come back
-    for ABANDONED_SECONDS after taking a batch: Gradio stops iterating a cancelled run (Stop, a closed tab) without
-    closing it.
+    It stops after the round in progress at the deadline, or once `batches()` is closed: Gradio closes a run's
+    generator on Stop and when its client disconnects. It holds `models_in_use` while it runs the models.
     """
-    arrived: queue.Queue = queue.Queue()
-    stop = threading.Event()
-    suspended_since: list[float | None] = [None]  # when the page last handed rounds out and has not come back
 
-    def work() -> None:
+    def __init__(self, rounds: Iterator[Round], models_in_use: threading.Semaphore, deadline: float) -> None:
+        self.rounds, self.models_in_use, self.deadline = rounds, models_in_use, deadline
+        self.out_of_time = False  # True when the deadline, not the engine, ended the rounds
+        self.arrived: queue.Queue = queue.Queue()
+        self.stop = threading.Event()
+        self.worker = threading.Thread(target=self._work, name="specdemo-engine", daemon=True)
+
+    def _work(self) -> None:
         try:
-            for round_ in rounds:
-                arrived.put(round_)
-                since = suspended_since[0]
-                if stop.is_set() or (since is not None and time.monotonic() - since > ABANDONED_SECONDS):
-                    break
-        except Exception as error:  # handed to the page's thread, which raises it there
-            arrived.put(error)
+            with self.models_in_use:  # a stopped run's engine may still be in a forward pass: wait for it
+                self._run_rounds()
+        except Exception as error:  # handed to the consumer's thread, which raises it there
+            self.arrived.put(error)
         finally:
-            rounds.close()  # type: ignore[attr-defined]
-            arrived.put(_DONE)
+            self.arrived.put(_DONE)  # after the release: a consumer that sees it may start the next engine
 
-    worker = threading.Thread(target=work, name="specdemo-engine", daemon=True)
-    worker.start()
-    try:
-        finished = False
-        while not finished:
-            batch, deadline = [arrived.get()], time.monotonic() + interval
-            while batch[-1] is not _DONE and not isinstance(batch[-1], Exception):
-                try:
-                    batch.append(arrived.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            finished = batch[-1] is _DONE or isinstance(batch[-1], Exception)
-            if isinstance(batch[-1], Exception):
-                raise batch[-1]
-            rounds_now = [item for item in batch if item is not _DONE]
-            if rounds_now:
-                suspended_since[0] = time.monotonic()
-                yield rounds_now
-                suspended_since[0] = None
-    finally:
-        stop.set()
-        worker.join(timeout=10)
+    def _run_rounds(self) -> None:
+        try:
+            while not self.stop.is_set():
+                if time.monotonic() >= self.deadline:
+                    self.out_of_time = True
+                    return
+                round_ = next(self.rounds, None)
+                if round_ is None:
+                    return
+                self.arrived.put(round_)
+        finally:
+            self.rounds.close()  # type: ignore[attr-defined]
+
+    def batches(self, interval: float) -> Iterator[list[Round]]:
+        """The rounds that arrived, at most every `interval` seconds, until the engine has finished."""
+        self.worker.start()
+        try:
+            done = False
+            while not done:
+                batch, done = self._next_batch(interval)
+                if batch:
+                    yield batch
+            self.worker.join()  # it has put _DONE, so it only has to return
+        finally:
+            # On Stop or a disconnect Gradio closes the run's generator from its event loop
+            # (gradio/queueing.py reset_iterators -> utils.SyncToAsyncIterator.aclose -> close()): waiting here for
+            # the forward pass in progress would stall every page, so the next engine waits for models_in_use.
+            self.stop.set()
+
+    def _next_batch(self, interval: float) -> tuple[list[Round], bool]:
+        """The rounds that arrive within `interval` of the first one, and whether the engine is done."""
+        batch: list[Round] = []
+        item, deadline = self.arrived.get(), time.monotonic() + interval
+        while item is not _DONE:
+            if isinstance(item, Exception):
+                raise item
+            batch.append(item)
+            try:
+                item = self.arrived.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return batch, False
+        return batch, True
 
 
 def unchanged_charts() -> tuple:
@@ -382,30 +455,41 @@ def unchanged_charts() -> tuple:
     return tuple(gr.skip() for _ in range(5))
 
 
-def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | None, prompt_ids) -> Iterator[tuple]:
+IN_PROGRESS_END = "…*"  # how every streamed summary but the last ends
+
+
+def in_progress(summary: str, what: str) -> str:
+    """A streamed summary says it is not the last, so a client whose stream was cut short can tell."""
+    return f"{summary}\n\n*{what}{IN_PROGRESS_END}"
+
+
+def stopped_summary(summary: str) -> str:
+    """The summary once Stop is pressed: a run still in progress says that it was stopped, and what that leaves
+    out; a finished run's summary stays as it is."""
+    if not summary.endswith(IN_PROGRESS_END):
+        return summary
+    return (
+        summary[: summary.rindex("\n\n*")]
+        + "\n\n**Stopped: you pressed Stop.** The figures above cover the rounds decoded until then; the rest of the "
+        "run and the comparison with the target alone did not run."
+    )
+
+
+def stream_run(run: Run) -> Iterator[tuple]:
     """Yield (tokens, summary, four charts, trace) as rounds arrive, then while the comparisons run; the last
-    update carries every output."""
-    deadline = time.monotonic() + RUN_TIME_BUDGET_SECONDS
-    rounds, tokens_html, summary = yield from stream_speculative(request, target, draft, prompt_ids, deadline)
+    update carries every output, and its summary says why the run ended when it ended early."""
+    request = run.request
+    # Stop can close a generator only once Gradio holds it, which is after its first update (gradio/route_utils.py,
+    # call_process_api stores it in app.iterators; a cancel before that drops it unclosed): so no engine starts
+    # before a first, cheap update.
+    yield "", in_progress("", "Decoding"), *unchanged_charts()
+    rounds, tokens_html, summary, out_of_time = yield from stream_speculative(run)
     baseline: list[Round] = []
     draft_alone: list[Round] = []
-    out_of_time = time.monotonic() > deadline
     if request.compare and not out_of_time:
-        yield tokens_html, summary, *charts(rounds, request.speculative.num_draft_tokens), gr.skip()
-        for label, collected, model, sampling in comparison_runs(request, target, draft, baseline, draft_alone):
-            engine = autoregressive_generate(
-                model.model, prompt_ids, sampling, request.speculative.max_new_tokens, model.eos_token_ids
-            )
-            for batch in rounds_in_background(engine, CHART_INTERVAL_SECONDS):  # Stop works here too
-                collected.extend(batch)
-                note = f"\n\n*Now decoding with the {label}, to compare: {len(collected)} tokens…*"
-                yield tokens_html, summary + note, *unchanged_charts()
-                out_of_time = time.monotonic() > deadline
-                if out_of_time:
-                    break
-        if out_of_time:  # an unfinished comparison would compare unlike things
-            baseline.clear()
-            draft_alone.clear()
+        streamed = in_progress(summary, "Now decoding alone, to compare")
+        yield tokens_html, streamed, *charts(rounds, request.speculative.num_draft_tokens), gr.skip()
+        baseline, draft_alone, out_of_time = yield from stream_comparisons(run, tokens_html, summary)
     num_draft_tokens = request.speculative.num_draft_tokens
     summary = summary_markdown(
         run_stats(rounds),
@@ -422,47 +506,74 @@ def stream_run(request: RunRequest, target: LoadedModel, draft: LoadedModel | No
         )
         gr.Warning(note)
         summary = f"**{note}**\n\n{summary}"
-    trace = _trace_file(request, target, prompt_ids[0].tolist(), rounds, baseline)
+    trace = _trace_file(request, run.target, run.prompt_ids[0].tolist(), rounds, baseline)
     yield tokens_html, summary, *charts(rounds, num_draft_tokens, baseline), gr.update(value=trace, visible=True)
 
 
-def stream_speculative(
-    request: RunRequest, target: LoadedModel, draft: LoadedModel | None, prompt_ids, deadline: float
-) -> Generator[tuple, None, tuple[list[Round], str, str]]:
+def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], str, str, bool]]:
     """The speculative run, streamed: tokens every batch, charts at most twice a second, until done or the
-    deadline. Returns its rounds, token HTML and summary."""
-    sampling, speculative = request.sampling, request.speculative
+    deadline. Returns its rounds, token HTML, summary, and whether the deadline ended it."""
+    target, sampling, speculative = run.target, run.request.sampling, run.request.speculative
     decode = partial(target.tokenizer.decode, skip_special_tokens=False)
-    drafter = make_drafter(target, draft, sampling, speculative)
+    drafter = make_drafter(target, run.draft, sampling, speculative)
     rounds: list[Round] = []
     emitted: list[int] = []
     tokens_html, summary, last_chart = "", "", 0.0
-    engine = speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids)
-    for batch in rounds_in_background(engine, TOKENS_INTERVAL_SECONDS):
+    engine = EngineThread(
+        speculative_generate(target.model, drafter, run.prompt_ids, sampling, speculative, target.eos_token_ids),
+        run.models_in_use,
+        run.deadline,
+    )
+    for batch in engine.batches(TOKENS_INTERVAL_SECONDS):
         rounds.extend(batch)
         tokens_html += "".join(html_spans(round_spans(round_, decode, emitted)) for round_ in batch)
         summary = summary_markdown(run_stats(rounds), speculative.num_draft_tokens)
+        streamed = in_progress(summary, f"Decoding: {len(emitted)} tokens so far")
         if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS:
             last_chart = time.monotonic()
-            yield tokens_html, summary, *charts(rounds, speculative.num_draft_tokens), gr.skip()
+            yield tokens_html, streamed, *charts(rounds, speculative.num_draft_tokens), gr.skip()
         else:
-            yield tokens_html, summary, *unchanged_charts()
-        if time.monotonic() > deadline:
-            break
-    return rounds, tokens_html, summary
+            yield tokens_html, streamed, *unchanged_charts()
+    return rounds, tokens_html, summary, engine.out_of_time
+
+
+def stream_comparisons(
+    run: Run, tokens_html: str, summary: str
+) -> Generator[tuple, None, tuple[list[Round], list[Round], bool]]:
+    """Decode with the target alone, then the draft model alone; none starts after the deadline and a running one
+    stops at it. Returns their rounds (none when the deadline came first) and whether it did."""
+    collected: list[list[Round]] = []
+    for label, model, sampling in comparison_runs(run.request, run.target, run.draft):
+        collected.append([])
+        engine = EngineThread(
+            autoregressive_generate(
+                model.model, run.prompt_ids, sampling, run.request.speculative.max_new_tokens, model.eos_token_ids
+            ),
+            run.models_in_use,
+            run.deadline,
+        )
+        for batch in engine.batches(CHART_INTERVAL_SECONDS):  # Stop works here too
+            collected[-1].extend(batch)
+            note = f"Now decoding with the {label}, to compare: {len(collected[-1])} tokens"
+            yield tokens_html, in_progress(summary, note), *unchanged_charts()
+        if engine.out_of_time:  # an unfinished comparison would compare unlike things
+            return [], [], True
+    collected += [[], []]
+    return collected[0], collected[1], False
 
 
 def comparison_runs(
-    request: RunRequest, target: LoadedModel, draft: LoadedModel | None, baseline: list, draft_alone: list
-) -> list[tuple[str, list, LoadedModel, SamplingConfig]]:
+    request: RunRequest, target: LoadedModel, draft: LoadedModel | None
+) -> list[tuple[str, LoadedModel, SamplingConfig]]:
     """What to decode alone after the speculative run: the target, and the draft model when there is one."""
-    runs = [("target alone", baseline, target, request.sampling)]
+    runs = [("target alone", target, request.sampling)]
     if draft is not None and draft is not target:
-        runs.append(("draft alone", draft_alone, draft, request.speculative.draft_sampling(request.sampling)))
+        runs.append(("draft alone", draft, request.speculative.draft_sampling(request.sampling)))
     return runs
 
 
 def charts(rounds: list[Round], num_draft_tokens: int, baseline: list[Round] | None = None) -> tuple:
+    """The four charts of the run (the throughput one against the target alone, when it ran)."""
     return (
         acceptance_figure(rounds),
         latency_figure(rounds),

@@ -1,13 +1,17 @@
-"""Shared fixtures: tiny random Llama models (milliseconds per step) and the real offline SmolLM2."""
+"""Shared fixtures and helpers: tiny random Llama models (milliseconds per step), the real offline SmolLM2, the app,
+and the statistics and app-run helpers several test files use."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import specdemo.ui as ui
 from specdemo.decoding import Round
 from specdemo.models import OFFLINE_DEFAULT, LoadedModel, ModelCache, load_model
 from specdemo.ui import EXAMPLES
@@ -79,8 +83,8 @@ SPELLING = EXAMPLES[0][0]
 STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
 
-def settings(prompt: str = SPELLING, **changes) -> list:
-    """The /generate inputs in order, with defaults a user would start from."""
+def settings(prompt: str = SPELLING, **changes) -> dict:
+    """The /generate inputs by name, with defaults a user would start from: `client.predict(**settings(...))`."""
     values = {
         "prompt": prompt,
         "pair": "smollm2-135m-ngram",
@@ -98,7 +102,41 @@ def settings(prompt: str = SPELLING, **changes) -> list:
         "compare": True,
     }
     values.update(changes)
-    return list(values.values())
+    return values
+
+
+def count_rounds(monkeypatch) -> dict[str, int]:
+    """Count the rounds the app's engine produces (ui.speculative_generate wrapped), to see when it stops."""
+    counter = {"rounds": 0}
+    original = ui.speculative_generate
+
+    def counting(*args, **kwargs):
+        for round_ in original(*args, **kwargs):
+            counter["rounds"] += 1
+            yield round_
+
+    monkeypatch.setattr(ui, "speculative_generate", counting)
+    return counter
+
+
+def wait_for_rounds(counter: dict[str, int], at_least: int) -> None:
+    deadline = time.monotonic() + 60
+    while counter["rounds"] < at_least:
+        assert time.monotonic() < deadline, f"only {counter['rounds']} rounds in 60 s"
+        time.sleep(0.05)
+
+
+def assert_engine_stops_within_a_second(counter: dict[str, int], max_rounds: int) -> None:
+    time.sleep(1.0)
+    stopped_at = counter["rounds"]
+    time.sleep(1.5)
+    assert counter["rounds"] == stopped_at, "rounds kept coming more than a second after the run was ended"
+    assert stopped_at < max_rounds
+
+
+def trace_of(final) -> dict:
+    with open(final[6]["value"]) as handle:
+        return json.load(handle)
 
 
 @pytest.fixture(scope="session")
@@ -119,11 +157,9 @@ def offline_model() -> LoadedModel:
 @pytest.fixture(scope="session")
 def app(offline_model) -> str:
     """The app launched in-process on the offline default (already loaded); yields its local URL."""
-    from specdemo.ui import build_demo
-
     cache = ModelCache(pinned=offline_model.name)
     cache.put(offline_model)
-    demo = build_demo(cache)
+    demo = ui.build_demo(cache)
     _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
     yield url
     demo.close()

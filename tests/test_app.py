@@ -6,13 +6,23 @@ import itertools
 import json
 import time
 
+import httpx
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import specdemo.ui as ui
 from specdemo.__main__ import main
-from tests.conftest import SPELLING, STORY, settings
+from tests.conftest import (
+    SPELLING,
+    STORY,
+    assert_engine_stops_within_a_second,
+    count_rounds,
+    settings,
+    trace_of,
+    wait_for_rounds,
+)
+
+SETTING_NAMES = list(settings())  # the /generate parameters, in the form's order
 
 
 @pytest.fixture(scope="module")
@@ -20,18 +30,45 @@ def client(app) -> Client:
     return Client(app, verbose=False)
 
 
+def cli_generated_ids(capsys, prompt: str, **options: object) -> list[int]:
+    """The CLI's tokens for the same settings (`python -m specdemo generate ... --json`)."""
+    arguments = ["generate", "--prompt", prompt, "--json"]
+    for name, value in options.items():
+        arguments += [f"--{name.replace('_', '-')}", str(value)]
+    assert main(arguments) == 0
+    return json.loads(capsys.readouterr().out)["generated_token_ids"]
+
+
 def test_a_run_streams_growing_tokens_and_ends_with_every_output(client):
-    job = client.submit(*settings(), api_name="/generate")
+    job = client.submit(**settings(), api_name="/generate")
     updates = list(job)
     tokens = [update[0] for update in updates]
     assert len(updates) >= 3
     assert all(len(earlier) <= len(later) for earlier, later in itertools.pairwise(tokens))
     assert 'class="tok tok-' in tokens[-1] and "title=" in tokens[-1]
+    assert all(update[1].endswith("…*") for update in updates[:-1])  # a streamed summary says it is not the last
     final = job.outputs()[-1]
     summary, charts, trace = final[1], final[2:6], final[6]
     assert "Speedup" in summary and "identical" in summary  # greedy: the check against the target alone
+    assert not summary.endswith("…*")
     assert all(chart is not None and "plot" in str(chart) for chart in charts)
     assert trace and trace["value"].endswith(".json")
+
+
+def test_the_api_names_every_setting_and_defaults_all_but_the_prompt(client):
+    parameters = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]["parameters"]
+    assert [p["parameter_name"] for p in parameters] == SETTING_NAMES
+    assert [p["parameter_name"] for p in parameters if not p["parameter_has_default"]] == ["prompt"]
+    defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
+    assert defaults["pair"] == "smollm2-135m-ngram" and defaults["max_new_tokens"] == 128 and defaults["compare"]
+
+
+def test_a_client_that_sends_only_the_prompt_gets_a_full_run(client):
+    final = client.predict(SPELLING, api_name="/generate")
+    assert "tok-accepted" in final[0]
+    assert "Speedup" in final[1] and "identical" in final[1]  # the comparison ran: compare defaults to on
+    trace = trace_of(final)
+    assert trace["pair"]["key"] == "smollm2-135m-ngram" and trace["speculative"]["max_new_tokens"] == 128
 
 
 def test_invalid_settings_give_an_error_naming_the_setting(client):
@@ -48,57 +85,56 @@ def test_invalid_settings_give_an_error_naming_the_setting(client):
     ]
     for inputs, message in cases:
         with pytest.raises(AppError, match=None) as caught:
-            client.predict(*inputs, api_name="/generate")
+            client.predict(**inputs, api_name="/generate")
         assert message in str(caught.value), (message, str(caught.value))
-    assert "tok-" in client.predict(*settings(max_new_tokens=8), api_name="/generate")[0]  # still serving
+    assert "tok-" in client.predict(**settings(max_new_tokens=8), api_name="/generate")[0]  # still serving
 
 
 def test_stop_ends_the_generation_within_a_second(client, monkeypatch):
-    counter = {"rounds": 0}
-    original = ui.speculative_generate
-
-    def counting(*args, **kwargs):
-        for round_ in original(*args, **kwargs):
-            counter["rounds"] += 1
-            yield round_
-
-    monkeypatch.setattr(ui, "speculative_generate", counting)
-    job = client.submit(*settings(STORY, max_new_tokens=400, compare=False), api_name="/generate")
-    while counter["rounds"] < 3:
-        time.sleep(0.05)
+    counter = count_rounds(monkeypatch)
+    job = client.submit(**settings(STORY, max_new_tokens=400, compare=False), api_name="/generate")
+    wait_for_rounds(counter, 3)
     job.cancel()
-    time.sleep(1.0)
-    stopped_at = counter["rounds"]
-    time.sleep(1.5)
-    assert counter["rounds"] == stopped_at, "rounds kept coming more than a second after the cancel"
-    assert stopped_at < 400
-    assert "tok-" in client.predict(*settings(max_new_tokens=8), api_name="/generate")[0]  # the next run works
+    assert_engine_stops_within_a_second(counter, 400)
+    assert "tok-" in client.predict(**settings(max_new_tokens=8), api_name="/generate")[0]  # the next run works
+
+
+def test_a_slow_client_gets_the_whole_run_and_can_still_stop_it(client, monkeypatch, capsys):
+    sampled = {"temperature": 0.8, "top_p": 0.9, "seed": 11, "max_new_tokens": 32}
+    job = client.submit(**settings(**sampled, compare=False), api_name="/generate")
+    for number, _ in enumerate(job):
+        if number < 3:
+            time.sleep(2.0)  # a slow network or a paused tab: the run goes on meanwhile
+    assert trace_of(job.outputs()[-1])["generated_token_ids"] == cli_generated_ids(capsys, SPELLING, **sampled)
+
+    counter = count_rounds(monkeypatch)
+    job = client.submit(**settings(STORY, max_new_tokens=400, compare=False), api_name="/generate")
+    wait_for_rounds(counter, 3)
+    time.sleep(2.0)  # the client reads nothing, then stops the run
+    job.cancel()
+    assert_engine_stops_within_a_second(counter, 400)
+
+
+def test_a_dropped_client_ends_the_engine_within_a_second(app, monkeypatch):
+    counter = count_rounds(monkeypatch)
+    dependencies = httpx.get(f"{app}config").json()["dependencies"]
+    fn_index = next(d["id"] for d in dependencies if d.get("api_name") == "generate")
+    data = list(settings(STORY, max_new_tokens=400, compare=False).values())
+    joined = {"data": data, "fn_index": fn_index, "session_hash": "dropped-client", "event_data": None}
+    assert httpx.post(f"{app}gradio_api/queue/join", json=joined).status_code == 200
+    with httpx.stream("GET", f"{app}gradio_api/queue/data", params={"session_hash": "dropped-client"}) as stream:
+        for line in stream.iter_lines():  # the page's own protocol, until the first tokens arrive
+            if "tok-" in line:
+                break
+    # The connection is closed here, as when a tab is closed or a network drops.
+    assert_engine_stops_within_a_second(counter, 400)
 
 
 def test_the_app_reproduces_the_cli_for_the_same_seed(client, capsys):
     sampled = {"temperature": 0.8, "top_p": 0.9, "seed": 7, "max_new_tokens": 24}
-    final = client.predict(*settings(**sampled, compare=False), api_name="/generate")
-    with open(final[6]["value"]) as handle:
-        trace = json.load(handle)
-    assert (
-        main(
-            [
-                "generate",
-                "--prompt",
-                SPELLING,
-                "--temperature",
-                "0.8",
-                "--top-p",
-                "0.9",
-                "--seed",
-                "7",
-                "--max-new-tokens",
-                "24",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    trace = trace_of(client.predict(**settings(**sampled, compare=False), api_name="/generate"))
+    arguments = ["generate", "--prompt", SPELLING, "--temperature", "0.8", "--top-p", "0.9", "--seed", "7"]
+    assert main([*arguments, "--max-new-tokens", "24", "--json"]) == 0
     cli = json.loads(capsys.readouterr().out)
     assert trace["generated_token_ids"] == cli["generated_token_ids"]
     assert [r["uniforms"] for r in trace["rounds"]] == [r["uniforms"] for r in cli["rounds"]]

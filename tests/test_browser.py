@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import assert_engine_stops_within_a_second, count_rounds, wait_for_rounds
+
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
+# Screenshots go here (gitignored) only: the README's assets/screenshot.png is refreshed deliberately, by hand.
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
 # No background networking: this machine's closed network refuses those connections.
 CHROMIUM_FLAGS = [
     "--no-sandbox",
@@ -62,7 +64,6 @@ def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
         page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg", timeout=30_000)
     assert "identical" in page.inner_text("#summary")
     page.screenshot(path=str(ARTIFACTS / "run-light.png"), full_page=True)
-    page.screenshot(path=str(ASSETS / "screenshot.png"), full_page=True)
     page.close()
 
 
@@ -85,8 +86,20 @@ def test_stop_halts_the_stream(browser, app):
     count = page.locator("#tokens .tok").count()
     page.wait_for_timeout(2000)
     assert page.locator("#tokens .tok").count() == count, "tokens kept arriving after Stop"
-    assert "Speedup" not in page.inner_text("#summary")  # the comparison never ran
+    summary = page.inner_text("#summary")
+    assert "Speedup" not in summary  # the comparison never ran
+    assert "Stopped: you pressed Stop." in summary and "so far" not in summary, summary[-300:]  # says why it ended
     page.close()
+
+
+def test_closing_the_tab_ends_the_run_within_a_second(browser, app, monkeypatch):
+    counter = count_rounds(monkeypatch)
+    page = open_page(browser, app)
+    page.fill("#prompt textarea", "Write a long story about a dragon who learns to bake bread.")
+    page.click("#run")
+    wait_for_rounds(counter, 3)
+    page.close()  # the tab goes away mid-run, without pressing Stop
+    assert_engine_stops_within_a_second(counter, 128)
 
 
 HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script></span><b>bold?</b>"

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -16,10 +20,10 @@ from gradio_client.exceptions import AppError
 
 import specdemo.ui as ui
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import speculative_generate
+from specdemo.decoding import Round, speculative_generate
 from specdemo.models import ModelCache, chat_prompt_ids
 from specdemo.pairs import make_drafter
-from tests.conftest import SPELLING, settings
+from tests.conftest import SPELLING, make_round, settings, trace_of
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 PROMPTS = (SPELLING, "Write a short poem about the sea.")
@@ -30,6 +34,7 @@ VARIANTS = (  # mixed greedy and sampled settings
     {"temperature": 0.0, "repetition_penalty": 1.2},
 )
 NUM_CLIENTS, RUNS_PER_CLIENT, NEW_TOKENS = 8, 3, 48
+RUN_CONCURRENCY = 2  # runs decoding at once in the load test, so they truly interleave on the shared model
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +42,35 @@ def client(app) -> Client:
     return Client(app, verbose=False)
 
 
-def generated_ids(final) -> list[int]:
-    with open(final[6]["value"]) as handle:
-        return json.load(handle)["generated_token_ids"]
+@pytest.fixture
+def concurrent_app(offline_model, monkeypatch) -> str:
+    """An app of its own that runs RUN_CONCURRENCY runs at once on the one shared model; yields its URL."""
+    monkeypatch.setattr(ui, "RUN_CONCURRENCY", RUN_CONCURRENCY)
+    cache = ModelCache(pinned=offline_model.name)
+    cache.put(offline_model)
+    demo = ui.build_demo(cache)
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
+    yield url
+    demo.close()
+
+
+def track_overlap(monkeypatch) -> dict[str, int]:
+    """The most speculative engines that were running at the same moment (ui.speculative_generate wrapped)."""
+    engines, lock = {"running": 0, "most": 0}, threading.Lock()
+    original = ui.speculative_generate
+
+    def tracked(*args, **kwargs):
+        with lock:
+            engines["running"] += 1
+            engines["most"] = max(engines["most"], engines["running"])
+        try:
+            yield from original(*args, **kwargs)
+        finally:
+            with lock:
+                engines["running"] -= 1
+
+    monkeypatch.setattr(ui, "speculative_generate", tracked)
+    return engines
 
 
 def run_alone(offline_model, prompt: str, variant: dict, seed: int) -> list[int]:
@@ -58,13 +89,15 @@ def run_alone(offline_model, prompt: str, variant: dict, seed: int) -> list[int]
     return [token for round_ in rounds for token in round_.emitted_token_ids]
 
 
-def test_eight_clients_at_once_get_exactly_what_they_would_alone(app, client, offline_model):
+def test_eight_clients_at_once_get_exactly_what_they_would_alone(concurrent_app, offline_model, monkeypatch):
+    app = concurrent_app
+    engines = track_overlap(monkeypatch)
     plan = [
         (c, r, PROMPTS[(c + r) % 2], VARIANTS[(c + r) % 4], 100 * c + r)
         for c in range(NUM_CLIENTS)
         for r in range(RUNS_PER_CLIENT)
     ]
-    client.predict(*settings(max_new_tokens=8), api_name="/generate")  # the first run pays one-time costs
+    Client(app, verbose=False).predict(**settings(max_new_tokens=8), api_name="/generate")  # pays one-time costs
     rss_after_first = psutil.Process().memory_info().rss
 
     def one_client(number: int) -> list[dict]:
@@ -73,7 +106,7 @@ def test_eight_clients_at_once_get_exactly_what_they_would_alone(app, client, of
         for _, _, prompt, variant, seed in [step for step in plan if step[0] == number]:
             started = time.perf_counter()
             job = own.submit(
-                *settings(prompt, **variant, seed=seed, max_new_tokens=NEW_TOKENS, compare=False), api_name="/generate"
+                **settings(prompt, **variant, seed=seed, max_new_tokens=NEW_TOKENS, compare=False), api_name="/generate"
             )
             first_token = None
             for update in job:
@@ -86,7 +119,7 @@ def test_eight_clients_at_once_get_exactly_what_they_would_alone(app, client, of
                     "seed": seed,
                     "first_token": first_token,
                     "total": time.perf_counter() - started,
-                    "ids": generated_ids(job.outputs()[-1]),
+                    "ids": trace_of(job.outputs()[-1])["generated_token_ids"],
                 }
             )
         return results
@@ -98,6 +131,7 @@ def test_eight_clients_at_once_get_exactly_what_they_would_alone(app, client, of
     rss_after_load = psutil.Process().memory_info().rss
 
     assert len(results) == NUM_CLIENTS * RUNS_PER_CLIENT
+    assert engines["most"] >= 2, "the runs never overlapped, so cross-talk could not show"
     for result in results:  # no cross-talk: every run is the run it would have been alone
         assert result["ids"] == run_alone(offline_model, result["prompt"], result["variant"], result["seed"]), result
     growth = rss_after_load - rss_after_first
@@ -118,6 +152,7 @@ def test_eight_clients_at_once_get_exactly_what_they_would_alone(app, client, of
         "total_p95": percentile(total, 0.95),
         "rss_after_first_run_mb": rss_after_first / 2**20,
         "rss_after_load_mb": rss_after_load / 2**20,
+        "most_runs_at_once": engines["most"],
     }
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "load.json").write_text(json.dumps(figures, indent=2))
@@ -186,9 +221,9 @@ def test_every_bad_input_gets_one_clear_sentence_and_the_app_keeps_serving(clien
     assert len(cases) >= 30
     for changes, message in cases:
         with pytest.raises(AppError) as caught:
-            client.predict(*settings(**changes), api_name="/generate")
+            client.predict(**settings(**changes), api_name="/generate")
         assert message in str(caught.value), (changes, str(caught.value)[:300])
-    final = client.predict(*settings(max_new_tokens=8), api_name="/generate")
+    final = client.predict(**settings(max_new_tokens=8), api_name="/generate")
     assert "tok-" in final[0]
 
 
@@ -198,18 +233,86 @@ def test_a_failure_inside_a_run_is_that_users_message_only(client, monkeypatch):
         raise RuntimeError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(ui, "speculative_generate", failing)
+    job = client.submit(**settings(max_new_tokens=8), api_name="/generate")
     with pytest.raises(AppError, match=r"The run failed \(RuntimeError: CUDA out of memory \(simulated\)\)"):
-        client.predict(*settings(max_new_tokens=8), api_name="/generate")
+        job.result()
+    assert "The run failed (RuntimeError: CUDA out of memory (simulated))" in job.outputs()[-1][1]  # the summary too
     monkeypatch.undo()
-    assert "tok-" in client.predict(*settings(max_new_tokens=8), api_name="/generate")[0]
+    assert "tok-" in client.predict(**settings(max_new_tokens=8), api_name="/generate")[0]
 
 
 def test_a_run_past_its_time_budget_stops_and_says_so(client, monkeypatch):
     monkeypatch.setattr(ui, "RUN_TIME_BUDGET_SECONDS", 0.5)
-    final = client.predict(*settings("Write a long story about the sea.", max_new_tokens=300), api_name="/generate")
+    final = client.predict(**settings("Write a long story about the sea.", max_new_tokens=300), api_name="/generate")
     assert "Stopped after 0.5 s, the time budget of one run" in final[1]
     assert "target alone" not in final[1]  # no comparison against an unfinished run
     assert 0 < final[0].count("tok-") < 300
+
+
+def test_comparisons_honour_the_time_budget(offline_model, monkeypatch):
+    started: list[str] = []  # the comparisons whose engine took its first step
+    original = ui.autoregressive_generate
+
+    def recording(model, *args, **kwargs):
+        started.append("draft alone" if started else "target alone")
+        yield from original(model, *args, **kwargs)
+
+    monkeypatch.setattr(ui, "autoregressive_generate", recording)
+    request = ui.parse_request(*settings("Write a long story about the sea.", max_new_tokens=300).values())
+    prompt_ids = chat_prompt_ids(offline_model, request.prompt)
+    draft = replace(offline_model)  # another LoadedModel, so the draft-alone comparison is planned too
+
+    def comparisons(seconds_left: float) -> tuple:
+        deadline = time.monotonic() + seconds_left
+        run = ui.Run(request, offline_model, draft, prompt_ids, threading.Semaphore(1), deadline)
+        updates = ui.stream_comparisons(run, "", "")
+        while True:
+            try:
+                next(updates)
+            except StopIteration as done:
+                return *done.value, time.monotonic() - deadline
+
+    baseline, draft_alone, out_of_time, late = comparisons(seconds_left=1.0)
+    assert out_of_time and baseline == draft_alone == []
+    assert started == ["target alone"], "a comparison started after the budget"
+    assert late < 0.5, f"the running comparison went on {late:.2f} s past the budget"
+    started.clear()
+    assert comparisons(seconds_left=-1.0)[2] and started == []  # past the budget, none starts
+
+
+def fake_rounds(count: int, seconds: float, forwards: list | None = None, name: str = "") -> Iterator[Round]:
+    """An engine whose rounds each take `seconds` (a forward pass), noting (name, start, end) in `forwards`."""
+    for index in range(count):
+        start = time.monotonic()
+        time.sleep(seconds)
+        if forwards is not None:
+            forwards.append((name, start, time.monotonic()))
+        yield make_round(index, [5, 6], 2, "bonus", seconds)
+
+
+def test_a_slow_consumer_still_receives_every_round():
+    engine = ui.EngineThread(fake_rounds(30, 0.05), threading.Semaphore(1), deadline=math.inf)
+    received = []
+    for batch in engine.batches(interval=0.1):
+        received.extend(batch)
+        time.sleep(2.0)  # a busy server or a slow network: the engine must not take this for a cancel
+    assert [round_.index for round_ in received] == list(range(30))
+    assert not engine.out_of_time
+
+
+def test_a_new_engine_touches_the_models_only_after_the_stopped_one_let_go():
+    forwards: list[tuple[str, float, float]] = []
+    models_in_use = threading.Semaphore(1)
+    stopped = ui.EngineThread(fake_rounds(100, 0.3, forwards, "stopped"), models_in_use, deadline=math.inf)
+    batches = stopped.batches(interval=0.01)
+    next(batches)
+    batches.close()  # Stop, while the engine is in its next forward pass
+    following = ui.EngineThread(fake_rounds(100, 0.3, forwards, "next"), models_in_use, deadline=math.inf)
+    next(following.batches(interval=0.01))
+    stopped_forwards = [(start, end) for name, start, end in forwards if name == "stopped"]
+    next_start = min(start for name, start, _ in forwards if name == "next")
+    assert len(stopped_forwards) <= 3, "the stopped engine went on after the round in progress"
+    assert next_start >= max(end for _, end in stopped_forwards), "two engines ran the models at once"
 
 
 def test_limits_are_shown_on_the_page(app):
@@ -228,13 +331,13 @@ def test_a_full_queue_answers_at_once_instead_of_hanging(offline_model, monkeypa
     try:
         clients = [Client(url, verbose=False) for _ in range(3)]
         long_run = settings("Write a long story about the sea.", max_new_tokens=200, compare=False)
-        running = clients[0].submit(*long_run, api_name="/generate")  # takes the one run slot
+        running = clients[0].submit(**long_run, api_name="/generate")  # takes the one run slot
         time.sleep(1.0)
-        waiting = clients[1].submit(*long_run, api_name="/generate")  # takes the one waiting place
+        waiting = clients[1].submit(**long_run, api_name="/generate")  # takes the one waiting place
         time.sleep(0.5)
         started = time.perf_counter()
         with pytest.raises(Exception, match="Queue is full"):
-            clients[2].predict(*settings(max_new_tokens=4), api_name="/generate")
+            clients[2].predict(**settings(max_new_tokens=4), api_name="/generate")
         assert time.perf_counter() - started < 5
         running.cancel()
         waiting.cancel()
