@@ -13,41 +13,56 @@ from specdemo.stats import run_stats
 from tests.conftest import TINY_VOCAB, chi_square_pvalue, tv_distance
 
 NO_EOS: frozenset[int] = frozenset()
+EOS = frozenset([1])  # the tiny models' eos_token_id, which generate() stops at too
 PROMPT = torch.tensor([[0, 5, 9, 5, 9, 12, 7, 5, 9]])  # repeats, so prompt lookup finds n-grams
+EOS_PROMPT = torch.tensor([[0, 10, 19, 5, 21, 5, 13, 13, 21]])  # greedy emits EOS as its 31st token
+PARITY_PROMPTS = {"no-eos": PROMPT, "eos-at-31": EOS_PROMPT}
 
 
 def generated(rounds) -> list[int]:
     return [token for round_ in rounds for token in round_.emitted_token_ids]
 
 
-def hf_greedy(model, prompt_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
+def hf_greedy(model, prompt_ids: torch.Tensor, max_new_tokens: int, **settings: float) -> list[int]:
+    """generate(do_sample=False) with the same EOS as our loops: it stops after EOS, as they do."""
     with torch.inference_mode():
         output = model.generate(
             prompt_ids,
             attention_mask=torch.ones_like(prompt_ids),
             do_sample=False,
             max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
+            eos_token_id=sorted(EOS),
             pad_token_id=1,
+            **settings,
         )
     return output[0, prompt_ids.shape[1] :].tolist()
 
 
+def test_eos_prompt_reaches_eos_and_the_other_does_not(tiny_target):
+    """Guards the parity tests: one prompt ends at EOS before the limit, so EOS handling is compared too."""
+    assert hf_greedy(tiny_target, EOS_PROMPT, 40)[-1] in EOS
+    assert len(hf_greedy(tiny_target, EOS_PROMPT, 40)) == 31
+    assert not EOS & set(hf_greedy(tiny_target, PROMPT, 40))
+
+
+@pytest.mark.parametrize("prompt", PARITY_PROMPTS.values(), ids=PARITY_PROMPTS.keys())
 @pytest.mark.parametrize("num_draft_tokens", [1, 3, 5])
-def test_greedy_parity_model_drafter(tiny_target, tiny_draft, num_draft_tokens):
+def test_greedy_parity_model_drafter(tiny_target, tiny_draft, num_draft_tokens, prompt):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=num_draft_tokens, max_new_tokens=40)
-    baseline = generated(autoregressive_generate(tiny_target, PROMPT, greedy, 40, NO_EOS))
+    baseline = generated(autoregressive_generate(tiny_target, prompt, greedy, 40, EOS))
     same_model = list(
-        speculative_generate(tiny_target, ModelDrafter(tiny_target, greedy, TINY_VOCAB), PROMPT, greedy, spec, NO_EOS)
+        speculative_generate(tiny_target, ModelDrafter(tiny_target, greedy, TINY_VOCAB), prompt, greedy, spec, EOS)
     )
     unrelated = list(
-        speculative_generate(tiny_target, ModelDrafter(tiny_draft, greedy, TINY_VOCAB), PROMPT, greedy, spec, NO_EOS)
+        speculative_generate(tiny_target, ModelDrafter(tiny_draft, greedy, TINY_VOCAB), prompt, greedy, spec, EOS)
     )
-    assert generated(same_model) == baseline == hf_greedy(tiny_target, PROMPT, 40)
+    assert generated(same_model) == baseline == hf_greedy(tiny_target, prompt, 40)
     assert generated(unrelated) == baseline
-    # draft == target: everything accepted; an unrelated random draft: most drafts refused
+    # draft == target: everything accepted (an accepted EOS ends the run without a bonus); an unrelated random
+    # draft: most drafts refused
     assert run_stats(same_model).acceptance_rate == 1.0
-    assert all(round_.next_kind == "bonus" for round_ in same_model)
+    assert all(round_.num_accepted == len(round_.draft_token_ids) for round_ in same_model)
+    assert all(round_.next_kind == "bonus" for round_ in same_model[:-1])
     assert run_stats(unrelated).acceptance_rate < 0.5
     assert any(round_.next_kind == "resampled" for round_ in unrelated)
 
@@ -56,36 +71,27 @@ def test_greedy_target_with_a_sampling_draft_is_still_greedy(tiny_target):
     """A hot draft (q not one-hot) goes through the general sampler; the output must still be the argmax path."""
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40)
     drafter = ModelDrafter(tiny_target, SamplingConfig(temperature=1.5, seed=1), TINY_VOCAB)
-    rounds = list(speculative_generate(tiny_target, drafter, PROMPT, greedy, spec, NO_EOS))
-    assert generated(rounds) == hf_greedy(tiny_target, PROMPT, 40)
+    rounds = list(speculative_generate(tiny_target, drafter, EOS_PROMPT, greedy, spec, EOS))
+    assert generated(rounds) == hf_greedy(tiny_target, EOS_PROMPT, 40)
     assert 0 < run_stats(rounds).acceptance_rate < 1  # the hot draft strays and is corrected
 
 
-def test_greedy_parity_ngram_drafter(tiny_target):
+@pytest.mark.parametrize("prompt", PARITY_PROMPTS.values(), ids=PARITY_PROMPTS.keys())
+def test_greedy_parity_ngram_drafter(tiny_target, prompt):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=4, max_new_tokens=50)
-    rounds = list(speculative_generate(tiny_target, NgramDrafter(), PROMPT, greedy, spec, NO_EOS))
-    assert generated(rounds) == hf_greedy(tiny_target, PROMPT, 50)
-    assert run_stats(rounds).num_drafted > 0  # the lookup did propose, so verification was exercised
+    rounds = list(speculative_generate(tiny_target, NgramDrafter(), prompt, greedy, spec, EOS))
+    assert generated(rounds) == hf_greedy(tiny_target, prompt, 50)
+    assert run_stats(rounds).num_accepted > 0  # the lookup proposed and was right, so verification was exercised
 
 
 def test_greedy_parity_with_repetition_penalty(tiny_target, tiny_draft):
     penalised = SamplingConfig(repetition_penalty=1.5)
     spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=30)
-    baseline = generated(autoregressive_generate(tiny_target, PROMPT, penalised, 30, NO_EOS))
+    baseline = generated(autoregressive_generate(tiny_target, PROMPT, penalised, 30, EOS))
     rounds = speculative_generate(
-        tiny_target, ModelDrafter(tiny_draft, penalised, TINY_VOCAB), PROMPT, penalised, spec, NO_EOS
+        tiny_target, ModelDrafter(tiny_draft, penalised, TINY_VOCAB), PROMPT, penalised, spec, EOS
     )
-    with torch.inference_mode():
-        hf = tiny_target.generate(
-            PROMPT,
-            attention_mask=torch.ones_like(PROMPT),
-            do_sample=False,
-            repetition_penalty=1.5,
-            max_new_tokens=30,
-            min_new_tokens=30,
-            pad_token_id=1,
-        )
-    assert generated(rounds) == baseline == hf[0, PROMPT.shape[1] :].tolist()
+    assert generated(rounds) == baseline == hf_greedy(tiny_target, PROMPT, 30, repetition_penalty=1.5)
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
@@ -122,18 +128,23 @@ def test_seeded_runs_are_identical_and_seeds_matter(tiny_target, tiny_draft):
     assert generated(first) != generated(other)
 
 
-def exact_first_two_marginals(model, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """[2, V]: the target-only distribution of the first and of the second generated token, by enumeration."""
+def exact_marginals(model, prompt_ids: torch.Tensor, sampling: SamplingConfig, num_tokens: int) -> torch.Tensor:
+    """[num_tokens, V]: the target-only distribution of each of the first generated tokens, by enumerating every
+    continuation with probability > 0 (one batched forward per position, no cache)."""
     warpers = build_warpers(sampling)
-
-    def next_probs(ids: torch.Tensor) -> torch.Tensor:  # [V] without any cache
+    prefixes = prompt_ids  # [N, T+j] every continuation of length j with probability > 0
+    weights = torch.ones(1, dtype=torch.float64)  # [N] the probability of each continuation
+    marginals = []
+    for _ in range(num_tokens):
         with torch.inference_mode():
-            logits = model(input_ids=ids).logits[:, -1:].float()
-        return logits_to_probs(logits, ids, sampling, warpers)[0, 0].double()
-
-    first = next_probs(prompt_ids)
-    second = sum(first[t] * next_probs(torch.cat([prompt_ids, torch.tensor([[t]])], 1)) for t in range(TINY_VOCAB))
-    return torch.stack([first, second])
+            logits = model(input_ids=prefixes).logits[:, -1:]  # [N, 1, V]
+        joint = weights[:, None] * logits_to_probs(logits, prefixes, sampling, warpers)[:, 0].double()  # [N, V]
+        marginals.append(joint.sum(dim=0))
+        possible = joint.flatten() > 0  # [N*V]
+        tokens = torch.arange(TINY_VOCAB).repeat(prefixes.shape[0])[:, None]  # [N*V, 1]
+        prefixes = torch.cat([prefixes.repeat_interleave(TINY_VOCAB, dim=0), tokens], dim=1)[possible]
+        weights = joint.flatten()[possible]
+    return torch.stack(marginals)
 
 
 @pytest.mark.parametrize(
@@ -145,14 +156,15 @@ def exact_first_two_marginals(model, prompt_ids: torch.Tensor, sampling: Samplin
     ids=["temperature+penalty", "top-k+top-p"],
 )
 def test_sampled_tokens_follow_the_target_only_distribution(tiny_target, tiny_draft, sampling):
-    """Many seeds: the first two tokens of speculative decoding match the exact target-only marginals,
-    with a draft that samples at a different temperature (so rejections and resamples happen)."""
-    num_runs = 1500
-    exact = exact_first_two_marginals(tiny_target, PROMPT, sampling)  # [2, V]
+    """Many seeds: the first three tokens of speculative decoding with K = 2 match the exact target-only marginals,
+    with a draft that samples at a different temperature (so rejections and resamples happen at both positions).
+    Three tokens, because a run never drafts more than max_new_tokens - 1: the first round drafts 2."""
+    num_runs, num_tokens = 1500, 3
+    exact = exact_marginals(tiny_target, PROMPT, sampling, num_tokens)  # [3, V]
     draft_sampling = SamplingConfig(temperature=0.7)
-    spec = SpeculativeConfig(num_draft_tokens=2, max_new_tokens=2)
-    counts = torch.zeros(2, TINY_VOCAB, dtype=torch.float64)
-    num_resampled = 0
+    spec = SpeculativeConfig(num_draft_tokens=2, max_new_tokens=num_tokens)
+    counts = torch.zeros(num_tokens, TINY_VOCAB, dtype=torch.float64)
+    num_two_token_drafts = num_second_draft_rejected = 0
     for seed in range(num_runs):
         drafter = ModelDrafter(tiny_draft, draft_sampling, TINY_VOCAB)
         rounds = list(
@@ -160,13 +172,17 @@ def test_sampled_tokens_follow_the_target_only_distribution(tiny_target, tiny_dr
                 tiny_target, drafter, PROMPT, sampling, spec, NO_EOS, generator=torch.Generator().manual_seed(seed)
             )
         )
-        tokens = generated(rounds)
-        counts[0, tokens[0]] += 1
-        counts[1, tokens[1]] += 1
-        num_resampled += sum(round_.next_kind == "resampled" for round_ in rounds)
-    assert num_resampled > num_runs // 10, "the draft agreed too often for this test to mean anything"
-    for position in range(2):
+        for position, token in enumerate(generated(rounds)):
+            counts[position, token] += 1
+        two_token_drafts = [round_ for round_ in rounds if len(round_.draft_token_ids) == 2]
+        num_two_token_drafts += len(two_token_drafts)
+        num_second_draft_rejected += sum(round_.num_accepted == 1 for round_ in two_token_drafts)
+    assert counts.sum(dim=1).tolist() == [num_runs] * num_tokens
+    # guards: K = 2 really ran, and the second draft token was tested and refused often enough to matter
+    assert num_two_token_drafts >= num_runs
+    assert num_second_draft_rejected > num_runs // 20, f"only {num_second_draft_rejected} second drafts rejected"
+    for position in range(num_tokens):
         assert counts[position][exact[position] == 0].sum() == 0, "a token the target gives p = 0 was emitted"
-        assert chi_square_pvalue(counts[position], exact[position]) > 1e-4
+        assert chi_square_pvalue(counts[position], exact[position]) > 1e-4, f"position {position}"
         tv = tv_distance(counts[position], exact[position])
         assert tv < 0.08, f"position {position}: TV {tv:.3f}"

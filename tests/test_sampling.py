@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
 
 from specdemo.config import SamplingConfig
 from specdemo.sampling import build_warpers, draw_uniforms, logits_to_probs, sample_from_probs
@@ -16,31 +17,34 @@ MAX_TV = 0.01
 MIN_P_VALUE = 1e-4
 
 
-def generate_processors(model, sampling: SamplingConfig, prompt_length: int) -> LogitsProcessorList:
-    """The processors generate() itself builds for these settings (its private builder, the source of truth)."""
-    config = GenerationConfig(
-        do_sample=not sampling.is_greedy,
-        temperature=sampling.temperature if not sampling.is_greedy else None,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        repetition_penalty=sampling.repetition_penalty,
-    )
-    return model._get_logits_processor(generation_config=config, input_ids_seq_length=prompt_length, device="cpu")
+def generate_step(model, context_ids: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sampled step of model.generate() on context_ids [B, T], through its public outputs: the raw logits it
+    read [B, V] and the probabilities it sampled from [B, V] (its processed scores, softmaxed)."""
+    with torch.inference_mode():
+        output = model.generate(
+            context_ids,
+            attention_mask=torch.ones_like(context_ids),
+            do_sample=True,
+            max_new_tokens=1,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            repetition_penalty=sampling.repetition_penalty,
+            output_logits=True,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=1,
+        )
+    return output.logits[0], output.scores[0].softmax(dim=-1)
 
 
-def probs_as_generate_computes_them(model, logits, context_ids, sampling):  # [B, N, V], [B, T+N-1] -> [B, N, V]
-    """Position i: generate()'s processors on context_ids[:, :T+i] and logits[:, i], then softmax (or argmax)."""
-    num_positions, vocab_size = logits.shape[1], logits.shape[2]
+def generate_positions(
+    model, context_ids: torch.Tensor, num_positions: int, sampling: SamplingConfig
+) -> tuple[torch.Tensor, torch.Tensor]:  # context_ids [B, T+N-1] -> logits [B, N, V], probs [B, N, V]
+    """What generate() reads and samples from at each of the last N positions, position i on context_ids[:, :T+i]."""
     start = context_ids.shape[1] - num_positions + 1  # T
-    processors = generate_processors(model, sampling, prompt_length=start)
-    positions = []
-    for i in range(num_positions):
-        scores = processors(context_ids[:, : start + i], logits[:, i].clone())  # [B, V]
-        if sampling.is_greedy:
-            positions.append(torch.nn.functional.one_hot(scores.argmax(dim=-1), vocab_size).float())
-        else:
-            positions.append(scores.softmax(dim=-1))
-    return torch.stack(positions, dim=1)
+    steps = [generate_step(model, context_ids[:, : start + i], sampling) for i in range(num_positions)]
+    return torch.stack([logits for logits, _ in steps], dim=1), torch.stack([probs for _, probs in steps], dim=1)
 
 
 def kept_tokens(logits: torch.Tensor, sampling: SamplingConfig) -> set[int]:  # logits [V]
@@ -98,11 +102,9 @@ WARPER_SETTINGS = [
 
 @pytest.mark.parametrize("sampling", WARPER_SETTINGS, ids=repr)
 def test_probs_equal_what_generate_samples_from(tiny_target, sampling):
-    generator = torch.Generator().manual_seed(1)
-    logits = 2.0 * torch.randn(2, 4, 32, generator=generator)  # [B, N, V]
-    context_ids = context_for(logits)
+    context_ids = torch.randint(32, (2, 3 + 4 - 1), generator=torch.Generator().manual_seed(1))  # [B, T+N-1]
+    logits, expected = generate_positions(tiny_target, context_ids, 4, sampling)  # [B, N, V] each
     probs = logits_to_probs(logits, context_ids, sampling, build_warpers(sampling))
-    expected = probs_as_generate_computes_them(tiny_target, logits, context_ids, sampling)
     assert torch.allclose(probs, expected, rtol=1e-6, atol=1e-8)
     assert torch.allclose(probs.sum(dim=-1), torch.ones(2, 4))
     for b in range(2):
@@ -154,12 +156,10 @@ def test_repetition_penalty_reads_only_each_positions_own_prefix_greedy():
     ]
 
 
-def test_repetition_penalty_reads_only_each_positions_own_prefix_sampled(tiny_target):
+def test_repetition_penalty_reads_only_each_positions_own_prefix_sampled():
     logits, context_ids = penalty_case()
     sampling = SamplingConfig(temperature=1.0, repetition_penalty=1.5)
     probs = logits_to_probs(logits, context_ids, sampling, build_warpers(sampling))
-    expected = probs_as_generate_computes_them(tiny_target, logits, context_ids, sampling)
-    assert torch.allclose(probs, expected, rtol=1e-6, atol=1e-8)
     # token 8 is never in a context, so p(6) / p(8) shows whether 6 was penalised at each position
     ratio = (probs[0, :, 6] / probs[0, :, 8]).double()  # [K+1]
     unpenalised, penalised = torch.tensor(0.5).exp(), torch.tensor(2.0 / 1.5 - 1.5).exp()
@@ -167,14 +167,15 @@ def test_repetition_penalty_reads_only_each_positions_own_prefix_sampled(tiny_ta
 
 
 def test_sampled_settings_with_everything_on_equal_generate(tiny_target):
+    """Per position, with the penalty reading each position's own prefix, as generate() does step by step."""
     sampling = SamplingConfig(temperature=0.8, top_k=12, top_p=0.9, repetition_penalty=1.3)
-    generator = torch.Generator().manual_seed(2)
-    logits = 2.0 * torch.randn(3, 6, 32, generator=generator)  # [B, K+1, V]
-    context_ids = torch.randint(8, (3, 4 + 5), generator=generator)  # [B, T+K] repeats among few tokens
+    context_ids = torch.randint(8, (3, 4 + 5), generator=torch.Generator().manual_seed(2))  # [B, T+K] repeats
+    logits, expected = generate_positions(tiny_target, context_ids, 6, sampling)  # [B, K+1, V] each
     probs = logits_to_probs(logits, context_ids, sampling, build_warpers(sampling))
-    expected = probs_as_generate_computes_them(tiny_target, logits, context_ids, sampling)
     assert torch.allclose(probs, expected, rtol=1e-6, atol=1e-8)
     assert torch.equal(probs == 0, expected == 0)
+    unpenalised = replace(sampling, repetition_penalty=1.0)
+    assert not torch.allclose(probs, logits_to_probs(logits, context_ids, unpenalised, build_warpers(unpenalised)))
 
 
 def test_whole_number_settings_work_like_floats():
