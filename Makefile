@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-local.txt | cksum | cut -d' ' -f1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install chromium demo test lint bench
+.PHONY: install chromium demo test test-gpu lint bench
 
 $(STAMP): requirements.txt requirements-local.txt
 	python3 -m venv $(VENV)
@@ -31,6 +31,11 @@ lint: install
 
 test: lint chromium
 	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest
+
+# The GPU checks (tests/test_gpu.py); without CUDA they skip, and -rs prints why.
+# SPECDEMO_GPU_TEST_DEVICE=cpu make test-gpu runs the same file on the CPU as a dry run.
+test-gpu: install
+	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest -m gpu -rs tests/test_gpu.py
 
 bench: install
 	$(PY) -m specdemo bench
