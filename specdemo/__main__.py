@@ -9,10 +9,13 @@ import time
 from functools import partial
 from pathlib import Path
 
+import torch
+
 from specdemo.bench import bench_app, bench_rejection_sampler, markdown_table, run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, check_prompt_fits
 from specdemo.decoding import autoregressive_generate, speculative_generate
-from specdemo.models import OFFLINE_DEFAULT, ModelCache, chat_prompt_ids
+from specdemo.model_cache import ModelCache
+from specdemo.models import OFFLINE_DEFAULT, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, Pair, custom_pair, find_pair, load_pair, make_drafter, pairs_table
 from specdemo.prompts import PROMPTS, load_prompts
 from specdemo.render import ansi_text, token_spans
@@ -20,6 +23,7 @@ from specdemo.stats import round_record, run_stats
 
 EXIT_BAD_INPUT = 2  # as argparse uses for bad arguments
 EXIT_RUN_FAILED = 1  # the settings were fine but the run failed (a model error, out of memory...)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # on this CPU (AMX) bfloat16 verification is ~free
 
 
 def _progress(message: str) -> None:
@@ -29,10 +33,15 @@ def _progress(message: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdemo", description="Speculative decoding, made visible.")
     commands = parser.add_subparsers(dest="command", required=True)
-    debug = argparse.ArgumentParser(add_help=False)
-    debug.add_argument("--debug", action="store_true", help="show the Python traceback when a run fails")
+    common = argparse.ArgumentParser(add_help=False)  # options of both generate and bench
+    common.add_argument("--debug", action="store_true", help="show the Python traceback when a run fails")
+    common.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        help="weights and activations (probabilities stay float32); default: bfloat16 on CUDA, float32 elsewhere",
+    )
 
-    generate = commands.add_parser("generate", parents=[debug], help="decode one prompt and show every round")
+    generate = commands.add_parser("generate", parents=[common], help="decode one prompt and show every round")
     generate.add_argument("--prompt", required=True)
     generate.add_argument("--pair", help="a pair from `python -m specdemo pairs` (instead of --target/--draft)")
     generate.add_argument("--target", default=OFFLINE_DEFAULT, help="model name, Hub id or directory")
@@ -51,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("pairs", help="list the draft/target pairs")
 
-    bench = commands.add_parser("bench", parents=[debug], help="benchmark against Hugging Face generate, interleaved")
+    bench = commands.add_parser("bench", parents=[common], help="benchmark against Hugging Face generate, interleaved")
     bench.add_argument("--pair", default=DEFAULT_PAIR.key, help="a pair from `python -m specdemo pairs`")
     bench.add_argument(
         "--prompts", metavar="FILE", help='your own prompts: JSON lines with "name", "grounded" and "text"'
@@ -91,7 +100,7 @@ def generate_command(args: argparse.Namespace) -> int:
         draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
     )
     check_prompt(args.prompt)
-    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True)
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype))
     prompt_ids = chat_prompt_ids(target, args.prompt, chat=not args.no_chat)  # [1, T]
     check_prompt_fits(prompt_ids.shape[1], speculative.max_new_tokens, target.context_length)
     started = time.perf_counter()
@@ -117,6 +126,7 @@ def generate_command(args: argparse.Namespace) -> int:
                     "target": target.name,
                     "draft": None if args.baseline else pair.drafter,
                     "device": str(target.device),
+                    "dtype": str(target.model.dtype).removeprefix("torch."),
                     "prompt_token_ids": prompt_ids[0].tolist(),
                     "generated_token_ids": generated,
                     "text": target.tokenizer.decode(generated, skip_special_tokens=True),
@@ -155,7 +165,7 @@ def bench_command(args: argparse.Namespace) -> int:
         min_ngram_size=args.min_ngram_size,
         draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
     )
-    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True)
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype))
     for prompt in prompts:
         prompt_ids = chat_prompt_ids(target, prompt.text)  # [1, T]
         check_prompt_fits(prompt_ids.shape[1], speculative.max_new_tokens, target.context_length)

@@ -112,6 +112,7 @@ def run_bench(
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, {platform.processor() or 'cpu'}",
         "device": str(target.device),
+        "dtype": str(target.model.dtype).removeprefix("torch."),
         "pair": pair,
         "model": target.name,
         "draft": draft.name if draft is not None else "prompt lookup",
@@ -262,7 +263,8 @@ def markdown_table(results: dict) -> str:
     predicted; then the median ratios."""
     names = results["methods"]
     lines = [
-        f"Measured {results['date']} on {results['machine']} ({results['device']}), pair {results.get('pair')}: "
+        f"Measured {results['date']} on {results['machine']} ({results['device']}, {results.get('dtype', 'float32')}), "
+        f"pair {results.get('pair')}: "
         f"{results['model']} drafted by {results.get('draft', 'prompt lookup')}, greedy, "
         f"{results['max_new_tokens']} new tokens at most, K = {results['num_draft_tokens']}, "
         f"median of {results['repeats']} interleaved runs, torch {results['torch']}.",

@@ -14,7 +14,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.drafters import Draft, Drafter, NoDrafter
-from specdemo.models import KVCachedModel
+from specdemo.kv_cache import KVCachedModel
 from specdemo.rejection import RejectionResult, greedy_verify, rejection_sample
 from specdemo.sampling import build_warpers, greedy_token_ids, logits_to_probs
 

@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig
-from specdemo.models import KVCachedModel
+from specdemo.kv_cache import KVCachedModel
 from specdemo.sampling import build_warpers, draw_uniforms, logits_to_probs, sample_from_probs
 
 

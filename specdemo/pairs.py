@@ -8,7 +8,8 @@ import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, ModelCache, Progress, check_model_name, check_same_tokenizer
+from specdemo.model_cache import ModelCache
+from specdemo.models import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
 
 NGRAM = "ngram"  # the prompt-lookup drafter: no model, works with any target
 
@@ -160,13 +161,14 @@ def load_pair(
     progress: Progress = lambda message: None,
     device: torch.device | None = None,
     allow_local: bool = False,
+    dtype: torch.dtype | None = None,  # default: the device's (bfloat16 on CUDA, float32 elsewhere)
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """The pair's target and draft model (None for prompt lookup), through the shared cache; refuses a draft
     whose tokenizer differs from the target's before anything runs."""
-    target = cache.get(pair.target, progress, device=device, allow_local=allow_local)
+    target = cache.get(pair.target, progress, device=device, allow_local=allow_local, dtype=dtype)
     if not pair.uses_draft_model:
         return target, None
-    draft = cache.get(pair.drafter, progress, device=target.device, allow_local=allow_local)
+    draft = cache.get(pair.drafter, progress, device=target.device, allow_local=allow_local, dtype=dtype)
     check_same_tokenizer(target, draft)
     return target, draft
 

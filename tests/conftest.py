@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -13,7 +15,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdemo.ui as ui
 from specdemo.decoding import Round
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, ModelCache, load_model
+from specdemo.model_cache import ModelCache
+from specdemo.models import OFFLINE_DEFAULT, LoadedModel, load_model
 from specdemo.ui import EXAMPLES
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
@@ -154,12 +157,21 @@ def offline_model() -> LoadedModel:
     return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"))
 
 
-@pytest.fixture(scope="session")
-def app(offline_model) -> str:
-    """The app launched in-process on the offline default (already loaded); yields its local URL."""
-    cache = ModelCache(pinned=offline_model.name)
-    cache.put(offline_model)
+@contextmanager
+def launched_app(loaded: LoadedModel) -> Iterator[str]:
+    """The app launched in-process with `loaded` already in its model cache (as its pinned default); its URL."""
+    cache = ModelCache(pinned=loaded.name)
+    cache.put(loaded)
     demo = ui.build_demo(cache)
     _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
-    yield url
-    demo.close()
+    try:
+        yield url
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="session")
+def app(offline_model) -> Iterator[str]:
+    """The app launched in-process on the offline default (already loaded); yields its local URL."""
+    with launched_app(offline_model) as url:
+        yield url

@@ -100,3 +100,11 @@ def test_a_failing_run_is_one_sentence_and_exit_1_and_debug_shows_the_traceback(
     )
     with pytest.raises(RuntimeError, match="crop was called"):
         main(["generate", "--prompt", PROMPT, "--max-new-tokens", "4", "--debug"])
+
+
+def test_dtype_bfloat16_decodes_in_bfloat16_and_says_so(offline_model, capsys):
+    assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "8", "--json", "--dtype", "bfloat16"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["dtype"] == "bfloat16" and result["device"] == "cpu"
+    assert 0 < len(result["generated_token_ids"]) <= 8
+    assert all(0 <= p <= 1 for r in result["rounds"] for p in r["acceptance_probs"])  # probabilities in float32

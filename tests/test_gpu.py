@@ -19,11 +19,11 @@ from specdemo.bench import run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, ModelCache, chat_prompt_ids, load_model, weights_dtype
+from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model, weights_dtype
 from specdemo.prompts import PROMPTS
 from specdemo.rejection import rejection_sample
 from specdemo.stats import emitted_ids, run_stats
-from tests.conftest import SPELLING, TINY_VOCAB, chi_square_pvalue, tiny_model, tv_distance
+from tests.conftest import SPELLING, TINY_VOCAB, chi_square_pvalue, launched_app, tiny_model, tv_distance
 
 DEVICE_VARIABLE = "SPECDEMO_GPU_TEST_DEVICE"
 DEVICE = torch.device(os.environ.get(DEVICE_VARIABLE) or "cuda")
@@ -196,17 +196,8 @@ def test_rejection_sample_with_one_device_generator_per_row_equals_each_row_alon
 def test_app_streams_a_run_from_the_device(loaded):
     from gradio_client import Client
 
-    from specdemo.ui import build_demo
-
-    cache = ModelCache(pinned=loaded.name)
-    cache.put(loaded)
-    demo = build_demo(cache)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
-    try:
-        job = Client(url, verbose=False).submit(prompt=SPELLING, max_new_tokens=24, api_name="/generate")
-        updates = list(job)
-    finally:
-        demo.close()
+    with launched_app(loaded) as url:
+        updates = list(Client(url, verbose=False).submit(prompt=SPELLING, max_new_tokens=24, api_name="/generate"))
     with_tokens = [update for update in updates if "tok-" in update[0]]
     assert len(with_tokens) >= 2, f"{len(updates)} updates, {len(with_tokens)} with tokens: nothing streamed"
     with open(updates[-1][6]["value"]) as handle:  # the last update carries the trace: the run completed

@@ -16,7 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from specdemo.__main__ import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import speculative_generate
-from specdemo.models import ModelCache, chat_prompt_ids, check_model_name, load_model
+from specdemo.model_cache import ModelCache
+from specdemo.models import chat_prompt_ids, check_model_name, load_model
 from specdemo.offline import OFFLINE_MODELS, package_dir
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, custom_pair, find_pair, load_pair, make_drafter
 

@@ -21,9 +21,9 @@ from gradio_client.exceptions import AppError
 import specdemo.ui as ui
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import Round, speculative_generate
-from specdemo.models import ModelCache, chat_prompt_ids
+from specdemo.models import chat_prompt_ids
 from specdemo.pairs import make_drafter
-from tests.conftest import SPELLING, make_round, settings, trace_of
+from tests.conftest import SPELLING, launched_app, make_round, settings, trace_of
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 PROMPTS = (SPELLING, "Write a short poem about the sea.")
@@ -46,12 +46,8 @@ def client(app) -> Client:
 def concurrent_app(offline_model, monkeypatch) -> str:
     """An app of its own that runs RUN_CONCURRENCY runs at once on the one shared model; yields its URL."""
     monkeypatch.setattr(ui, "RUN_CONCURRENCY", RUN_CONCURRENCY)
-    cache = ModelCache(pinned=offline_model.name)
-    cache.put(offline_model)
-    demo = ui.build_demo(cache)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
-    yield url
-    demo.close()
+    with launched_app(offline_model) as url:
+        yield url
 
 
 def track_overlap(monkeypatch) -> dict[str, int]:
@@ -323,12 +319,8 @@ def test_limits_are_shown_on_the_page(app):
 
 
 def test_a_full_queue_answers_at_once_instead_of_hanging(offline_model, monkeypatch):
-    cache = ModelCache(pinned=offline_model.name)
-    cache.put(offline_model)
     monkeypatch.setattr(ui, "QUEUE_SIZE", 1)
-    demo = ui.build_demo(cache)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
-    try:
+    with launched_app(offline_model) as url:
         clients = [Client(url, verbose=False) for _ in range(3)]
         long_run = settings("Write a long story about the sea.", max_new_tokens=200, compare=False)
         running = clients[0].submit(**long_run, api_name="/generate")  # takes the one run slot
@@ -341,5 +333,3 @@ def test_a_full_queue_answers_at_once_instead_of_hanging(offline_model, monkeypa
         assert time.perf_counter() - started < 5
         running.cancel()
         waiting.cancel()
-    finally:
-        demo.close()

@@ -1,4 +1,5 @@
-"""Rollback past a sliding window: a tiny random Gemma 3 (window 8) and the offline Gemma 3 270M (window 512)."""
+"""The KV cache's implicit rollback: dropped draft positions on a tiny Llama, and past a sliding window on a tiny
+random Gemma 3 (window 8) and the offline Gemma 3 270M (window 512)."""
 
 # T = sequence length, N = positions whose logits are kept, V = vocab_size
 
@@ -6,13 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedModel, Qwen3NextConfig, Qwen3NextForCausalLM
 
 from specdemo.__main__ import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
-from specdemo.models import KVCachedModel, LoadedModel, chat_prompt_ids, check_rollback, load_model, warm_up
+from specdemo.kv_cache import KVCachedModel, check_rollback
+from specdemo.models import LoadedModel, chat_prompt_ids, load_model, warm_up
 from specdemo.offline import OFFLINE_MODELS, package_dir
 from specdemo.pairs import make_drafter
 
@@ -32,6 +34,34 @@ def order_lines_prompt(num_lines: int) -> str:
         for i in range(num_lines)
     ]
     return f"Copy these {num_lines} order lines exactly, one per line, in the same order:\n" + "\n".join(lines)
+
+
+def fresh_logits(model: PreTrainedModel, ids: torch.Tensor, num_logits: int) -> torch.Tensor:  # [1, N, V]
+    """An uncached forward of the whole sequence (a sliding window then comes from the mask alone)."""
+    with torch.inference_mode():
+        return model(input_ids=ids, use_cache=False).logits[:, -num_logits:]
+
+
+def test_rollback_drops_rejected_positions(tiny_target):
+    cached = KVCachedModel(tiny_target)
+    prefix = torch.tensor([[0, 4, 8, 15, 16]])
+    proposed = torch.cat([prefix, torch.tensor([[23, 31, 7]])], dim=1)  # three draft tokens
+    cached.logits(proposed, num_logits=4)
+    assert cached.cache.get_seq_length() == 8
+    # The target kept one draft and replaced the second: the cache must forget 31 and 7.
+    corrected = torch.cat([prefix, torch.tensor([[23, 3]])], dim=1)
+    logits = cached.logits(corrected, num_logits=1)
+    assert cached.last_input_length == 1  # only the new token was fed
+    assert cached.cache.get_seq_length() == corrected.shape[1]
+    torch.testing.assert_close(logits[:, -1], fresh_logits(tiny_target, corrected, 1)[:, -1], rtol=0, atol=1e-10)
+
+
+def test_all_positions_of_a_verification_match_a_fresh_pass(tiny_target):
+    cached = KVCachedModel(tiny_target)
+    ids = torch.tensor([[0, 4, 8, 15, 16, 23, 31]])
+    cached.logits(ids[:, :4], num_logits=1)
+    logits = cached.logits(ids, num_logits=3)  # [1, 3, V] for the three new positions 4..6
+    torch.testing.assert_close(logits, fresh_logits(tiny_target, ids, 3), rtol=0, atol=1e-10)
 
 
 def tiny_gemma(seed: int, num_layers: int = 4) -> Gemma3ForCausalLM:
@@ -58,14 +88,8 @@ def tiny_gemma(seed: int, num_layers: int = 4) -> Gemma3ForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def tiny_target() -> Gemma3ForCausalLM:
+def gemma_target() -> Gemma3ForCausalLM:
     return tiny_gemma(seed=1)
-
-
-def fresh_logits(model: Gemma3ForCausalLM, ids: torch.Tensor, num_logits: int) -> torch.Tensor:  # [1, N, V]
-    """An uncached forward of the whole sequence: the sliding window comes from the mask alone."""
-    with torch.inference_mode():
-        return model(input_ids=ids, use_cache=False).logits[:, -num_logits:]
 
 
 def generated(rounds: list[Round]) -> list[int]:
@@ -91,10 +115,10 @@ def rejections_past(rounds: list[Round], prompt_length: int, window: int) -> lis
     return positions
 
 
-def test_tiny_cache_rolls_back_past_the_window(tiny_target):
+def test_tiny_cache_rolls_back_past_the_window(gemma_target):
     """Each step is a call the decoding loops make; after each, the cached logits equal a fresh full pass."""
     ids = torch.randint(2, TINY_VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))  # [1, 40]
-    cached = KVCachedModel(tiny_target)
+    cached = KVCachedModel(gemma_target)
     steps = [
         (ids[:, :20], 1),  # a prompt 2.5 windows long
         (ids[:, :25], 5),  # verify 4 drafts + bonus
@@ -109,24 +133,24 @@ def test_tiny_cache_rolls_back_past_the_window(tiny_target):
     for sequence_ids, num_logits in steps:
         logits = cached.logits(sequence_ids, num_logits)  # [1, N, V]
         assert cached.cache.get_seq_length() == sequence_ids.shape[1]
-        torch.testing.assert_close(logits, fresh_logits(tiny_target, sequence_ids, num_logits), rtol=0, atol=1e-9)
+        torch.testing.assert_close(logits, fresh_logits(gemma_target, sequence_ids, num_logits), rtol=0, atol=1e-9)
     assert cached.last_input_length == 19  # ids[:, :21] was still cached after the restart
 
 
-def test_tiny_greedy_parity_past_the_window(tiny_target):
+def test_tiny_greedy_parity_past_the_window(gemma_target):
     """Prompt lookup and an unrelated draft model both meet rejections past the window; the output is the target's."""
     pattern = torch.randint(2, TINY_VOCAB, (6,), generator=torch.Generator().manual_seed(1))  # [6]
     prompt_ids = torch.cat([pattern, pattern[:4], pattern, pattern[2:]])[None]  # [1, 20] repeats, for lookup
     spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40)
-    baseline = generated(list(autoregressive_generate(tiny_target, prompt_ids, GREEDY, 40, NO_EOS)))
-    assert baseline == hf_greedy(tiny_target, prompt_ids, 40)
+    baseline = generated(list(autoregressive_generate(gemma_target, prompt_ids, GREEDY, 40, NO_EOS)))
+    assert baseline == hf_greedy(gemma_target, prompt_ids, 40)
     for drafter in (NgramDrafter(), ModelDrafter(tiny_gemma(seed=2, num_layers=2), GREEDY, TINY_VOCAB)):
-        rounds = list(speculative_generate(tiny_target, drafter, prompt_ids, GREEDY, spec, NO_EOS))
+        rounds = list(speculative_generate(gemma_target, drafter, prompt_ids, GREEDY, spec, NO_EOS))
         assert generated(rounds) == baseline, type(drafter).__name__
         assert rejections_past(rounds, prompt_ids.shape[1], TINY_WINDOW), type(drafter).__name__
 
 
-def test_a_recurrent_state_is_refused_before_any_run(tiny_target):
+def test_a_recurrent_state_is_refused_before_any_run(gemma_target):
     """Linear-attention layers keep a recurrent state that crop cannot restore: refused, with one sentence."""
     config = Qwen3NextConfig(
         vocab_size=TINY_VOCAB,
@@ -150,7 +174,7 @@ def test_a_recurrent_state_is_refused_before_any_run(tiny_target):
     recurrent = Qwen3NextForCausalLM(config).eval()
     with pytest.raises(ValueError, match=r"'tiny-qwen3-next' keeps a recurrent state .* pick an attention-only model"):
         check_rollback("tiny-qwen3-next", warm_up(recurrent))
-    check_rollback("tiny-gemma", warm_up(tiny_target))  # sliding windows roll back: accepted
+    check_rollback("tiny-gemma", warm_up(gemma_target))  # sliding windows roll back: accepted
 
 
 GEMMA = "gemma-3-270m"

@@ -1,0 +1,59 @@
+"""Loaded models shared across runs and users: a least-recently-used cache with one load per model at a time."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+
+from specdemo.models import LoadedModel, load_model
+from specdemo.offline import Progress
+
+
+class ModelCache:
+    """Loaded models shared across runs and users: least recently used first out, one load per model at a time.
+
+    `pinned` (the offline default) is never evicted; at most `capacity` others stay loaded.
+    """
+
+    def __init__(self, loader: Callable[..., LoadedModel] = load_model, capacity: int = 2, pinned: str = "") -> None:
+        self.loader, self.capacity, self.pinned = loader, capacity, pinned
+        self.models: OrderedDict[str, LoadedModel] = OrderedDict()
+        self.lock = threading.Lock()  # guards models and loading_locks
+        self.loading_locks: dict[str, threading.Lock] = {}
+
+    def get(self, name: str, progress: Progress = lambda message: None, **load_options: object) -> LoadedModel:
+        with self.lock:
+            if name in self.models:
+                self.models.move_to_end(name)
+                return self.models[name]
+            loading = self.loading_locks.setdefault(name, threading.Lock())
+        with loading:  # a second request for the same model waits here and then finds it loaded
+            with self.lock:
+                if name in self.models:
+                    return self.models[name]
+            loaded = self.loader(name, progress, **load_options)  # a failed load caches nothing
+            with self.lock:
+                self.models[name] = loaded
+                self._evict()
+            return loaded
+
+    def put(self, loaded: LoadedModel) -> None:
+        """Hold an already-loaded model under its name, as if `get` had loaded it."""
+        with self.lock:
+            self.models[loaded.name] = loaded
+            self.models.move_to_end(loaded.name)
+            self._evict()
+
+    def _evict(self) -> None:
+        evictable = [name for name in self.models if name != self.pinned]
+        evicted = evictable[: max(0, len(evictable) - self.capacity)]
+        for name in evicted:
+            del self.models[name]
+        if evicted:  # runs still holding an evicted model keep it alive until they finish
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
