@@ -87,8 +87,8 @@ def positions_figure(rounds: Sequence[Round], num_draft_tokens: int) -> go.Figur
     tested, accepted = position_counts(rounds)
     alpha = run_stats(rounds).alpha
     emitted = [len(round_.emitted_token_ids) for round_ in rounds]
-    figure = make_subplots(
-        rows=1, cols=2, subplot_titles=("α by draft position (dashed: the run's α)", "Tokens per round")
+    figure = make_subplots(  # two-line titles: each half of a half-width chart is ~130 px wide
+        rows=1, cols=2, subplot_titles=("α by draft position<br>(dashed: the run's α)", "Tokens per<br>round")
     )
     figure.add_trace(
         go.Bar(
@@ -122,6 +122,9 @@ def positions_figure(rounds: Sequence[Round], num_draft_tokens: int) -> go.Figur
         col=2,
     )
     figure.update_yaxes(range=[0, 1.05], row=1, col=1)
+    figure.update_xaxes(title_text="draft position", row=1, col=1)
+    figure.update_xaxes(title_text="tokens", row=1, col=2)
+    figure.update_annotations(font_size=12)
     figure.update_layout(showlegend=False)
     return _layout(figure, "")
 

@@ -26,7 +26,8 @@ from specdemo.config import (
     check_prompt_fits,
 )
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
-from specdemo.models import LOCAL_PATHS_VARIABLE, OFFLINE_DEFAULT, LoadedModel, ModelCache, chat_prompt_ids
+from specdemo.model_cache import ModelCache
+from specdemo.models import LOCAL_PATHS_VARIABLE, OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, Pair, custom_pair, find_pair, load_pair, make_drafter
 from specdemo.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
 from specdemo.render import LEGEND_HTML, TOKEN_CSS, html_spans, round_spans, summary_markdown
@@ -317,10 +318,11 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                     throughput = gr.Plot(elem_id="throughput-chart", show_label=False)
                 trace = gr.DownloadButton("Download the trace (JSON)", visible=False, elem_id="trace")
 
-        pair.change(
+        pair.change(  # queue=False: the note changes at once, even while a run holds the queue's run slot
             describe_pair,
             inputs=pair,
             outputs=[note, custom_target, custom_draft, draft_temperature],
+            queue=False,
             api_visibility="private",
         )
         inputs = [
