@@ -8,9 +8,10 @@ import json
 import pytest
 
 from specdemo.__main__ import main
-from specdemo.bench import ACCOUNTING_TOLERANCE, run_bench
+from specdemo.bench import ACCOUNTING_TOLERANCE, SPECULATIVE, TARGET_ONLY, bench_row, run_bench
 from specdemo.config import SpeculativeConfig
-from specdemo.prompts import load_prompts
+from specdemo.prompts import BenchPrompt, load_prompts
+from tests.conftest import make_round
 
 GOOD = {"name": "copy", "grounded": True, "text": "Repeat this list: apples, bread, milk, eggs, rice, tea."}
 
@@ -72,3 +73,24 @@ def test_bench_reports_measured_accounted_and_predicted_speedups(offline_model, 
         # tokens per pass / round cost, from the runs' own rounds, reproduces the wall-clock speedup
         assert abs(row["accounting_error"]) <= ACCOUNTING_TOLERANCE, row
     assert results["summary"]["accounting within 5% on every prompt"]
+
+
+def test_speeds_count_each_methods_own_tokens():
+    """In bfloat16 the outputs may differ: a method's tokens/s uses its own token count, and so does the speedup."""
+    spec_rounds = [make_round(i, [1, 2, 3], 3, "bonus", 0.25) for i in range(4)]  # 16 tokens in 1 s
+    base_rounds = [make_round(i, [], 0, "bonus", 0.1) for i in range(20)]  # 20 tokens in 2 s
+    outputs = {TARGET_ONLY: [7] * 20, SPECULATIVE: [7] * 16}
+    seconds = {TARGET_ONLY: [2.0], SPECULATIVE: [1.0]}
+    prompt = BenchPrompt(**GOOD)
+    row = bench_row(
+        prompt,
+        10,
+        [TARGET_ONLY, SPECULATIVE],
+        seconds,
+        outputs,
+        {TARGET_ONLY: [base_rounds], SPECULATIVE: [spec_rounds]},
+        num_draft_tokens=3,
+    )
+    assert row["tokens_per_second"] == pytest.approx({TARGET_ONLY: 10.0, SPECULATIVE: 16.0})
+    assert row["measured_speedup"] == pytest.approx(1.6)  # not 2.0, the ratio of the times
+    assert not row["identical"]
