@@ -360,9 +360,10 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                     api_name="generate" if trigger == run.click else False,
                 )
             )
-        # queue=False: the note must not wait behind the run it stops
-        stop.click(
-            stopped_summary, inputs=summary, outputs=summary, cancels=run_events, queue=False, api_visibility="private"
+        # The note comes after the cancel, so no update of the stopped run that was already on its way overwrites it;
+        # queue=False: it must not wait behind other runs.
+        stop.click(None, cancels=run_events, api_visibility="private").then(
+            stopped_summary, inputs=summary, outputs=summary, queue=False, api_visibility="private"
         )
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)  # explicit: ZeroGPU would default to 1
     return demo
@@ -544,9 +545,9 @@ def stream_comparisons(
 ) -> Generator[tuple, None, tuple[list[Round], list[Round], bool]]:
     """Decode with the target alone, then the draft model alone; none starts after the deadline and a running one
     stops at it. Returns their rounds (none when the deadline came first) and whether it did."""
-    collected: list[list[Round]] = []
+    collected: dict[str, list[Round]] = {}  # by label
     for label, model, sampling in comparison_runs(run.request, run.target, run.draft):
-        collected.append([])
+        rounds = collected.setdefault(label, [])
         engine = EngineThread(
             autoregressive_generate(
                 model.model, run.prompt_ids, sampling, run.request.speculative.max_new_tokens, model.eos_token_ids
@@ -555,13 +556,12 @@ def stream_comparisons(
             run.deadline,
         )
         for batch in engine.batches(CHART_INTERVAL_SECONDS):  # Stop works here too
-            collected[-1].extend(batch)
-            note = f"Now decoding with the {label}, to compare: {len(collected[-1])} tokens"
+            rounds.extend(batch)
+            note = f"Now decoding with the {label}, to compare: {len(rounds)} tokens"
             yield tokens_html, in_progress(summary, note), *unchanged_charts()
         if engine.out_of_time:  # an unfinished comparison would compare unlike things
             return [], [], True
-    collected += [[], []]
-    return collected[0], collected[1], False
+    return collected["target alone"], collected.get("draft alone", []), False
 
 
 def comparison_runs(

@@ -30,13 +30,13 @@ def client(app) -> Client:
     return Client(app, verbose=False)
 
 
-def cli_generated_ids(capsys, prompt: str, **options: object) -> list[int]:
-    """The CLI's tokens for the same settings (`python -m specdemo generate ... --json`)."""
+def cli_run(capsys, prompt: str, **options: object) -> dict:
+    """The CLI's run for the same settings (`python -m specdemo generate ... --json`)."""
     arguments = ["generate", "--prompt", prompt, "--json"]
     for name, value in options.items():
         arguments += [f"--{name.replace('_', '-')}", str(value)]
     assert main(arguments) == 0
-    return json.loads(capsys.readouterr().out)["generated_token_ids"]
+    return json.loads(capsys.readouterr().out)
 
 
 def test_a_run_streams_growing_tokens_and_ends_with_every_output(client):
@@ -105,7 +105,10 @@ def test_a_slow_client_gets_the_whole_run_and_can_still_stop_it(client, monkeypa
     for number, _ in enumerate(job):
         if number < 3:
             time.sleep(2.0)  # a slow network or a paused tab: the run goes on meanwhile
-    assert trace_of(job.outputs()[-1])["generated_token_ids"] == cli_generated_ids(capsys, SPELLING, **sampled)
+    assert (
+        trace_of(job.outputs()[-1])["generated_token_ids"]
+        == cli_run(capsys, SPELLING, **sampled)["generated_token_ids"]
+    )
 
     counter = count_rounds(monkeypatch)
     job = client.submit(**settings(STORY, max_new_tokens=400, compare=False), api_name="/generate")
@@ -133,8 +136,6 @@ def test_a_dropped_client_ends_the_engine_within_a_second(app, monkeypatch):
 def test_the_app_reproduces_the_cli_for_the_same_seed(client, capsys):
     sampled = {"temperature": 0.8, "top_p": 0.9, "seed": 7, "max_new_tokens": 24}
     trace = trace_of(client.predict(**settings(**sampled, compare=False), api_name="/generate"))
-    arguments = ["generate", "--prompt", SPELLING, "--temperature", "0.8", "--top-p", "0.9", "--seed", "7"]
-    assert main([*arguments, "--max-new-tokens", "24", "--json"]) == 0
-    cli = json.loads(capsys.readouterr().out)
+    cli = cli_run(capsys, SPELLING, **sampled)
     assert trace["generated_token_ids"] == cli["generated_token_ids"]
     assert [r["uniforms"] for r in trace["rounds"]] == [r["uniforms"] for r in cli["rounds"]]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specdemo.__main__ import main
-from specdemo.bench import ACCOUNTING_TOLERANCE, SPECULATIVE, TARGET_ONLY, bench_row, run_bench
+from specdemo.bench import ACCOUNTING_TOLERANCE, SPECULATIVE, TARGET_ONLY, bench_pass_costs, bench_row, run_bench
 from specdemo.config import SpeculativeConfig
 from specdemo.prompts import BenchPrompt, load_prompts
 from tests.conftest import make_round
@@ -94,3 +94,8 @@ def test_speeds_count_each_methods_own_tokens():
     assert row["tokens_per_second"] == pytest.approx({TARGET_ONLY: 10.0, SPECULATIVE: 16.0})
     assert row["measured_speedup"] == pytest.approx(1.6)  # not 2.0, the ratio of the times
     assert not row["identical"]
+
+
+def test_pass_costs_time_each_size_through_the_engines_cache(tiny_target):
+    costs = bench_pass_costs(tiny_target, context_tokens=20, sizes=(1, 3, 6), repeats=3)
+    assert list(costs) == [1, 3, 6] and costs[1] == 1.0 and all(cost > 0 for cost in costs.values())

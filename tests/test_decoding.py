@@ -9,8 +9,8 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.sampling import build_warpers, logits_to_probs
-from specdemo.stats import run_stats
-from tests.conftest import TINY_VOCAB, chi_square_pvalue, tv_distance
+from specdemo.stats import emitted_ids, run_stats
+from tests.conftest import TINY_VOCAB, chi_square_pvalue, hf_greedy, tv_distance
 
 NO_EOS: frozenset[int] = frozenset()
 EOS = frozenset([1])  # the tiny models' eos_token_id, which generate() stops at too
@@ -19,45 +19,26 @@ EOS_PROMPT = torch.tensor([[0, 10, 19, 5, 21, 5, 13, 13, 21]])  # greedy emits E
 PARITY_PROMPTS = {"no-eos": PROMPT, "eos-at-31": EOS_PROMPT}
 
 
-def generated(rounds) -> list[int]:
-    return [token for round_ in rounds for token in round_.emitted_token_ids]
-
-
-def hf_greedy(model, prompt_ids: torch.Tensor, max_new_tokens: int, **settings: float) -> list[int]:
-    """generate(do_sample=False) with the same EOS as our loops: it stops after EOS, as they do."""
-    with torch.inference_mode():
-        output = model.generate(
-            prompt_ids,
-            attention_mask=torch.ones_like(prompt_ids),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=sorted(EOS),
-            pad_token_id=1,
-            **settings,
-        )
-    return output[0, prompt_ids.shape[1] :].tolist()
-
-
 def test_eos_prompt_reaches_eos_and_the_other_does_not(tiny_target):
     """Guards the parity tests: one prompt ends at EOS before the limit, so EOS handling is compared too."""
-    assert hf_greedy(tiny_target, EOS_PROMPT, 40)[-1] in EOS
-    assert len(hf_greedy(tiny_target, EOS_PROMPT, 40)) == 31
-    assert not EOS & set(hf_greedy(tiny_target, PROMPT, 40))
+    assert hf_greedy(tiny_target, EOS_PROMPT, 40, EOS)[-1] in EOS
+    assert len(hf_greedy(tiny_target, EOS_PROMPT, 40, EOS)) == 31
+    assert not EOS & set(hf_greedy(tiny_target, PROMPT, 40, EOS))
 
 
 @pytest.mark.parametrize("prompt", PARITY_PROMPTS.values(), ids=PARITY_PROMPTS.keys())
 @pytest.mark.parametrize("num_draft_tokens", [1, 3, 5])
 def test_greedy_parity_model_drafter(tiny_target, tiny_draft, num_draft_tokens, prompt):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=num_draft_tokens, max_new_tokens=40)
-    baseline = generated(autoregressive_generate(tiny_target, prompt, greedy, 40, EOS))
+    baseline = emitted_ids(autoregressive_generate(tiny_target, prompt, greedy, 40, EOS))
     same_model = list(
         speculative_generate(tiny_target, ModelDrafter(tiny_target, greedy, TINY_VOCAB), prompt, greedy, spec, EOS)
     )
     unrelated = list(
         speculative_generate(tiny_target, ModelDrafter(tiny_draft, greedy, TINY_VOCAB), prompt, greedy, spec, EOS)
     )
-    assert generated(same_model) == baseline == hf_greedy(tiny_target, prompt, 40)
-    assert generated(unrelated) == baseline
+    assert emitted_ids(same_model) == baseline == hf_greedy(tiny_target, prompt, 40, EOS)
+    assert emitted_ids(unrelated) == baseline
     # draft == target: everything accepted (an accepted EOS ends the run without a bonus); an unrelated random
     # draft: most drafts refused
     assert run_stats(same_model).acceptance_rate == 1.0
@@ -72,7 +53,7 @@ def test_greedy_target_with_a_sampling_draft_is_still_greedy(tiny_target):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40)
     drafter = ModelDrafter(tiny_target, SamplingConfig(temperature=1.5, seed=1), TINY_VOCAB)
     rounds = list(speculative_generate(tiny_target, drafter, EOS_PROMPT, greedy, spec, EOS))
-    assert generated(rounds) == hf_greedy(tiny_target, EOS_PROMPT, 40)
+    assert emitted_ids(rounds) == hf_greedy(tiny_target, EOS_PROMPT, 40, EOS)
     assert 0 < run_stats(rounds).acceptance_rate < 1  # the hot draft strays and is corrected
 
 
@@ -80,18 +61,18 @@ def test_greedy_target_with_a_sampling_draft_is_still_greedy(tiny_target):
 def test_greedy_parity_ngram_drafter(tiny_target, prompt):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=4, max_new_tokens=50)
     rounds = list(speculative_generate(tiny_target, NgramDrafter(), prompt, greedy, spec, EOS))
-    assert generated(rounds) == hf_greedy(tiny_target, prompt, 50)
+    assert emitted_ids(rounds) == hf_greedy(tiny_target, prompt, 50, EOS)
     assert run_stats(rounds).num_accepted > 0  # the lookup proposed and was right, so verification was exercised
 
 
 def test_greedy_parity_with_repetition_penalty(tiny_target, tiny_draft):
     penalised = SamplingConfig(repetition_penalty=1.5)
     spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=30)
-    baseline = generated(autoregressive_generate(tiny_target, PROMPT, penalised, 30, EOS))
+    baseline = emitted_ids(autoregressive_generate(tiny_target, PROMPT, penalised, 30, EOS))
     rounds = speculative_generate(
         tiny_target, ModelDrafter(tiny_draft, penalised, TINY_VOCAB), PROMPT, penalised, spec, EOS
     )
-    assert generated(rounds) == baseline == hf_greedy(tiny_target, PROMPT, 30, repetition_penalty=1.5)
+    assert emitted_ids(rounds) == baseline == hf_greedy(tiny_target, PROMPT, 30, EOS, repetition_penalty=1.5)
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
@@ -99,18 +80,18 @@ def test_max_new_tokens_is_exact(tiny_target, max_new_tokens):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=5, max_new_tokens=max_new_tokens)
     drafter = ModelDrafter(tiny_target, greedy, TINY_VOCAB)  # accepts everything, so rounds would overshoot
     rounds = list(speculative_generate(tiny_target, drafter, PROMPT, greedy, spec, NO_EOS))
-    assert len(generated(rounds)) == max_new_tokens
+    assert len(emitted_ids(rounds)) == max_new_tokens
 
 
 def test_stops_at_first_eos_even_inside_an_accepted_draft(tiny_target):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=5, max_new_tokens=40)
-    baseline = generated(autoregressive_generate(tiny_target, PROMPT, greedy, 40, NO_EOS))
+    baseline = emitted_ids(autoregressive_generate(tiny_target, PROMPT, greedy, 40, NO_EOS))
     eos = baseline[6]  # pretend the 7th greedy token is EOS
     cut = baseline[: baseline.index(eos) + 1]
     drafter = ModelDrafter(tiny_target, greedy, TINY_VOCAB)  # the EOS arrives as an accepted draft token
     rounds = list(speculative_generate(tiny_target, drafter, PROMPT, greedy, spec, frozenset([eos])))
-    assert generated(rounds) == cut
-    assert generated(autoregressive_generate(tiny_target, PROMPT, greedy, 40, frozenset([eos]))) == cut
+    assert emitted_ids(rounds) == cut
+    assert emitted_ids(autoregressive_generate(tiny_target, PROMPT, greedy, 40, frozenset([eos]))) == cut
 
 
 def test_seeded_runs_are_identical_and_seeds_matter(tiny_target, tiny_draft):
@@ -124,8 +105,8 @@ def test_seeded_runs_are_identical_and_seeds_matter(tiny_target, tiny_draft):
     first, again, other = run(3), run(3), run(4)
     assert [r.draft_token_ids for r in first] == [r.draft_token_ids for r in again]
     assert [r.uniforms for r in first] == [r.uniforms for r in again]
-    assert generated(first) == generated(again)
-    assert generated(first) != generated(other)
+    assert emitted_ids(first) == emitted_ids(again)
+    assert emitted_ids(first) != emitted_ids(other)
 
 
 def exact_marginals(model, prompt_ids: torch.Tensor, sampling: SamplingConfig, num_tokens: int) -> torch.Tensor:
@@ -172,7 +153,7 @@ def test_sampled_tokens_follow_the_target_only_distribution(tiny_target, tiny_dr
                 tiny_target, drafter, PROMPT, sampling, spec, NO_EOS, generator=torch.Generator().manual_seed(seed)
             )
         )
-        for position, token in enumerate(generated(rounds)):
+        for position, token in enumerate(emitted_ids(rounds)):
             counts[position, token] += 1
         two_token_drafts = [round_ for round_ in rounds if len(round_.draft_token_ids) == 2]
         num_two_token_drafts += len(two_token_drafts)

@@ -23,7 +23,7 @@ from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_
 from specdemo.prompts import PROMPTS
 from specdemo.rejection import rejection_sample
 from specdemo.stats import emitted_ids, run_stats
-from tests.conftest import SPELLING, TINY_VOCAB, chi_square_pvalue, launched_app, tiny_model, tv_distance
+from tests.conftest import SPELLING, TINY_VOCAB, chi_square_pvalue, hf_greedy, launched_app, tiny_model, tv_distance
 
 DEVICE_VARIABLE = "SPECDEMO_GPU_TEST_DEVICE"
 DEVICE = torch.device(os.environ.get(DEVICE_VARIABLE) or "cuda")
@@ -67,19 +67,6 @@ def test_offline_default_and_tiny_models_load_on_the_device(loaded):
 
 
 # --- greedy parity up to near-ties -------------------------------------------------------------------------------
-
-
-def hf_greedy(model: PreTrainedModel, prompt_ids: torch.Tensor, eos: frozenset[int]) -> list[int]:
-    with torch.inference_mode():
-        output = model.generate(
-            prompt_ids,
-            attention_mask=torch.ones_like(prompt_ids),
-            do_sample=False,
-            max_new_tokens=MAX_NEW_TOKENS,
-            eos_token_id=sorted(eos),
-            pad_token_id=min(eos),
-        )
-    return output[0, prompt_ids.shape[1] :].tolist()
 
 
 def assert_same_up_to_a_near_tie(model: PreTrainedModel, prompt_ids: torch.Tensor, expected: list, actual: list):
@@ -128,7 +115,7 @@ def test_greedy_parity_speculative_target_only_and_generate(loaded, case):
     baseline = emitted_ids(list(autoregressive_generate(model, prompt_ids, greedy, MAX_NEW_TOKENS, eos)))
     assert run_stats(rounds).num_drafted > 0, "nothing was drafted: verification was not exercised"
     assert_same_up_to_a_near_tie(model, prompt_ids, baseline, emitted_ids(rounds))
-    assert_same_up_to_a_near_tie(model, prompt_ids, baseline, hf_greedy(model, prompt_ids, eos))
+    assert_same_up_to_a_near_tie(model, prompt_ids, baseline, hf_greedy(model, prompt_ids, MAX_NEW_TOKENS, eos))
 
 
 # --- the rejection sampler with device generators -------------------------------------------------------------------

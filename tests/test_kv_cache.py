@@ -17,6 +17,8 @@ from specdemo.kv_cache import KVCachedModel, check_rollback
 from specdemo.models import LoadedModel, chat_prompt_ids, load_model, warm_up
 from specdemo.offline import OFFLINE_MODELS, package_dir
 from specdemo.pairs import make_drafter
+from specdemo.stats import emitted_ids
+from tests.conftest import hf_greedy
 
 GREEDY = SamplingConfig()
 NO_EOS: frozenset[int] = frozenset()
@@ -92,19 +94,6 @@ def gemma_target() -> Gemma3ForCausalLM:
     return tiny_gemma(seed=1)
 
 
-def generated(rounds: list[Round]) -> list[int]:
-    return [token for round_ in rounds for token in round_.emitted_token_ids]
-
-
-def hf_greedy(model: Gemma3ForCausalLM, prompt_ids: torch.Tensor, max_new_tokens: int) -> list[int]:  # [1, T]
-    """generate() with its own cache and stopping rules (EOS from the generation config, if any)."""
-    with torch.inference_mode():
-        output = model.generate(
-            prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False, max_new_tokens=max_new_tokens
-        )  # [1, T + new]
-    return output[0, prompt_ids.shape[1] :].tolist()
-
-
 def rejections_past(rounds: list[Round], prompt_length: int, window: int) -> list[int]:
     """Sequence positions of the rounds that rejected a draft token after the sliding window was full."""
     positions, position = [], prompt_length
@@ -142,11 +131,11 @@ def test_tiny_greedy_parity_past_the_window(gemma_target):
     pattern = torch.randint(2, TINY_VOCAB, (6,), generator=torch.Generator().manual_seed(1))  # [6]
     prompt_ids = torch.cat([pattern, pattern[:4], pattern, pattern[2:]])[None]  # [1, 20] repeats, for lookup
     spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40)
-    baseline = generated(list(autoregressive_generate(gemma_target, prompt_ids, GREEDY, 40, NO_EOS)))
+    baseline = emitted_ids(list(autoregressive_generate(gemma_target, prompt_ids, GREEDY, 40, NO_EOS)))
     assert baseline == hf_greedy(gemma_target, prompt_ids, 40)
     for drafter in (NgramDrafter(), ModelDrafter(tiny_gemma(seed=2, num_layers=2), GREEDY, TINY_VOCAB)):
         rounds = list(speculative_generate(gemma_target, drafter, prompt_ids, GREEDY, spec, NO_EOS))
-        assert generated(rounds) == baseline, type(drafter).__name__
+        assert emitted_ids(rounds) == baseline, type(drafter).__name__
         assert rejections_past(rounds, prompt_ids.shape[1], TINY_WINDOW), type(drafter).__name__
 
 
@@ -198,7 +187,7 @@ def test_gemma_greedy_parity_with_rejections_past_the_window(gemma):
     rounds = list(speculative_generate(gemma.model, drafter, prompt_ids, GREEDY, spec, gemma.eos_token_ids))
     assert rejections_past(rounds, prompt_ids.shape[1], window), [(r.draft_token_ids, r.num_accepted) for r in rounds]
     baseline = list(autoregressive_generate(gemma.model, prompt_ids, GREEDY, 50, gemma.eos_token_ids))
-    assert generated(rounds) == generated(baseline) == hf_greedy(gemma.model, prompt_ids, 50)
+    assert emitted_ids(rounds) == emitted_ids(baseline) == hf_greedy(gemma.model, prompt_ids, 50, gemma.eos_token_ids)
 
 
 def test_cli_generates_on_the_long_prompt_of_the_bug_report(gemma, capsys):

@@ -5,21 +5,17 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.models import chat_prompt_ids
 from specdemo.prompts import PROMPTS
-from specdemo.stats import run_stats
+from specdemo.stats import emitted_ids, run_stats
+from tests.conftest import hf_greedy
 
 MAX_NEW_TOKENS = 48
 GREEDY = SamplingConfig()
-
-
-def tokens(rounds) -> list[int]:
-    return [token for round_ in rounds for token in round_.emitted_token_ids]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:4] + PROMPTS[6:7], ids=lambda prompt: prompt.name)
@@ -28,16 +24,8 @@ def test_greedy_parity_on_the_real_model(offline_model, prompt):
     prompt_ids = chat_prompt_ids(offline_model, prompt.text)
     spec = SpeculativeConfig(num_draft_tokens=5, max_new_tokens=MAX_NEW_TOKENS)
     rounds = list(speculative_generate(model, NgramDrafter(), prompt_ids, GREEDY, spec, eos))
-    baseline = tokens(autoregressive_generate(model, prompt_ids, GREEDY, MAX_NEW_TOKENS, eos))
-    with torch.inference_mode():
-        hf = model.generate(
-            prompt_ids,
-            attention_mask=torch.ones_like(prompt_ids),
-            do_sample=False,
-            max_new_tokens=MAX_NEW_TOKENS,
-            pad_token_id=2,
-        )
-    assert tokens(rounds) == baseline == hf[0, prompt_ids.shape[1] :].tolist()
+    baseline = emitted_ids(autoregressive_generate(model, prompt_ids, GREEDY, MAX_NEW_TOKENS, eos))
+    assert emitted_ids(rounds) == baseline == hf_greedy(model, prompt_ids, MAX_NEW_TOKENS, eos)
 
 
 def test_self_drafting_accepts_everything_at_temperature_0(offline_model):
@@ -47,4 +35,4 @@ def test_self_drafting_accepts_everything_at_temperature_0(offline_model):
     spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=24)
     rounds = list(speculative_generate(model, ModelDrafter(model, GREEDY, 49152), prompt_ids, GREEDY, spec, eos))
     assert run_stats(rounds).acceptance_rate == 1.0
-    assert "Paris" in offline_model.tokenizer.decode(tokens(rounds))
+    assert "Paris" in offline_model.tokenizer.decode(emitted_ids(rounds))
