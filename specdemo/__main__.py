@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from specdemo.bench import bench_app, bench_rejection_sampler, markdown_table, run_bench
+from specdemo.bench import bench_app, bench_pass_costs, bench_rejection_sampler, markdown_table, run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, check_prompt_fits
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.model_cache import ModelCache
@@ -23,7 +23,7 @@ from specdemo.stats import round_record, run_stats
 
 EXIT_BAD_INPUT = 2  # as argparse uses for bad arguments
 EXIT_RUN_FAILED = 1  # the settings were fine but the run failed (a model error, out of memory...)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # on this CPU (AMX) bfloat16 verification is ~free
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # the bench compares them: see the README
 
 
 def _progress(message: str) -> None:
@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output", default="bench-results/bench.json", help="where the JSON results go")
     bench.add_argument("--markdown", metavar="JSON", help="print the README table of an earlier run's JSON and exit")
     bench.add_argument("--app", action="store_true", help="measure the app's streaming overhead instead")
+    bench.add_argument(
+        "--pass-costs", action="store_true", help="measure t(k)/t(1), a k-token forward pass over a one-token one"
+    )
     return parser
 
 
@@ -154,6 +157,13 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.app:
         for row in bench_app(max_new_tokens=args.max_new_tokens):
             print(json.dumps(row))
+        return 0
+    if args.pass_costs:
+        target, _ = load_pair(
+            find_pair(args.pair), ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype)
+        )
+        costs = bench_pass_costs(target.model)
+        print(json.dumps({"model": target.description, "context_tokens": 200, "cost_over_one_token": costs}))
         return 0
     if args.repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {args.repeats}.")

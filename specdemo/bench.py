@@ -12,9 +12,11 @@ import time
 from collections.abc import Callable
 
 import torch
+from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
+from specdemo.kv_cache import KVCachedModel
 from specdemo.models import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, make_drafter
 from specdemo.prompts import PROMPTS, BenchPrompt
@@ -219,6 +221,26 @@ def table_header(names: list[str]) -> str:
         + "  ".join(f"{name[:6]:>6s}" for name in names)
         + "      α  tok/p  meas.  acct.  pred.  same"
     )
+
+
+def bench_pass_costs(
+    model: PreTrainedModel, context_tokens: int = 200, sizes: tuple[int, ...] = (1, 2, 4, 6, 8), repeats: int = 10
+) -> dict[int, float]:
+    """t(k) / t(1): one cached forward over k new tokens after a context_tokens prompt, through the engine's own
+    KVCachedModel (each pass rolls the last one back), medians of `repeats` after one warm-up each."""
+    cached = KVCachedModel(model)
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(model.config.vocab_size, (1, context_tokens), generator=generator)  # [1, T]
+    cached.logits(context.to(model.device), 1)  # the prompt, cached once
+    seconds = {}
+    for size in sizes:
+        timings = []
+        for _ in range(repeats + 1):
+            fresh = torch.randint(model.config.vocab_size, (1, size), generator=generator)  # unlike the last pass
+            cached.logits(torch.cat([context, fresh], dim=1).to(model.device), size)  # [1, T + k]
+            timings.append(cached.last_forward_seconds)
+        seconds[size] = statistics.median(timings[1:])
+    return {size: seconds[size] / seconds[sizes[0]] for size in sizes}
 
 
 def bench_rejection_sampler(
