@@ -6,18 +6,28 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import torch
 
 from specdemo.bench import bench_app, bench_pass_costs, bench_rejection_sampler, markdown_table, run_bench
-from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, check_prompt_fits
-from specdemo.decoding import autoregressive_generate, speculative_generate
+from specdemo.config import (
+    MAX_BATCH_SIZE,
+    MAX_NUM_CANDIDATES,
+    SamplingConfig,
+    SpeculativeConfig,
+    check_batch_size,
+    check_prompt,
+    check_prompt_fits,
+)
+from specdemo.decoding import Round, autoregressive_generate, batch_generate, speculative_generate
+from specdemo.drafters import NoDrafter
 from specdemo.model_cache import ModelCache
-from specdemo.models import OFFLINE_DEFAULT, chat_prompt_ids
+from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, Pair, custom_pair, find_pair, load_pair, make_drafter, pairs_table
-from specdemo.prompts import PROMPTS, load_prompts
+from specdemo.prompts import MAX_PROMPTS_FILE_LINES, PROMPTS, load_prompt_lines, load_prompts
 from specdemo.render import ansi_text, token_spans
 from specdemo.stats import round_record, run_stats
 
@@ -42,7 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     generate = commands.add_parser("generate", parents=[common], help="decode one prompt and show every round")
-    generate.add_argument("--prompt", required=True)
+    source = generate.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt")
+    source.add_argument(
+        "--prompts-file",
+        metavar="FILE",
+        help=f"one prompt per line (at most {MAX_PROMPTS_FILE_LINES}), decoded as a "
+        "batch; prints one JSON object per prompt",
+    )
+    generate.add_argument("--batch-size", type=int, default=8, help=f"rows decoded together, 1..{MAX_BATCH_SIZE}")
+    generate.add_argument(
+        "--num-candidates", type=int, default=1, help=f"W: candidate drafts per round, 1..{MAX_NUM_CANDIDATES}"
+    )
     generate.add_argument("--pair", help="a pair from `python -m specdemo pairs` (instead of --target/--draft)")
     generate.add_argument("--target", default=OFFLINE_DEFAULT, help="model name, Hub id or directory")
     generate.add_argument("--draft", default=NGRAM, help="'ngram' (prompt lookup) or a draft model name/Hub id/dir")
@@ -101,7 +122,11 @@ def generate_command(args: argparse.Namespace) -> int:
         num_draft_tokens=args.num_draft_tokens,
         max_new_tokens=args.max_new_tokens,
         draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
+        num_candidates=args.num_candidates,
     )
+    if args.prompts_file:
+        check_batch_size(args.batch_size)
+        return generate_batch(args, pair, sampling, speculative, load_prompt_lines(args.prompts_file))
     check_prompt(args.prompt)
     target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype))
     prompt_ids = chat_prompt_ids(target, args.prompt, chat=not args.no_chat)  # [1, T]
@@ -114,30 +139,16 @@ def generate_command(args: argparse.Namespace) -> int:
             )
         )
     else:
-        drafter = make_drafter(target, draft, sampling, speculative)
+        drafter = make_drafter(target, draft, speculative)
         rounds = list(
             speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids)
         )
     wall_seconds = time.perf_counter() - started
-    generated = [token for round_ in rounds for token in round_.emitted_token_ids]
     stats = run_stats(rounds)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "pair": pair.key,
-                    "target": target.name,
-                    "draft": None if args.baseline else pair.drafter,
-                    "device": str(target.device),
-                    "dtype": str(target.model.dtype).removeprefix("torch."),
-                    "prompt_token_ids": prompt_ids[0].tolist(),
-                    "generated_token_ids": generated,
-                    "text": target.tokenizer.decode(generated, skip_special_tokens=True),
-                    "rounds": [round_record(round_) for round_ in rounds],
-                    "stats": {**stats.as_dict(), "wall_seconds": wall_seconds, "engine_seconds": stats.wall_seconds},
-                }
-            )
-        )
+        record = run_record(pair, target, None if args.baseline else pair.drafter, prompt_ids[0].tolist(), rounds)
+        record["stats"]["wall_seconds"] = wall_seconds
+        print(json.dumps(record))
         return 0
     decode = partial(target.tokenizer.decode, skip_special_tokens=False)
     print(ansi_text(token_spans(rounds, decode)))
@@ -147,6 +158,57 @@ def generate_command(args: argparse.Namespace) -> int:
         f"{stats.acceptance_rate:.2f} (accepted / drafted), {stats.mean_tokens_per_round:.2f} tokens per pass",
         file=sys.stderr,
     )
+    return 0
+
+
+def run_record(pair: Pair, target: LoadedModel, draft: str | None, prompt_ids: list[int], rounds: list[Round]) -> dict:
+    """One run as the JSON object `generate --json` prints (one per prompt with --prompts-file)."""
+    generated = [token for round_ in rounds for token in round_.emitted_token_ids]
+    stats = run_stats(rounds)
+    return {
+        "pair": pair.key,
+        "target": target.name,
+        "draft": draft,
+        "device": str(target.device),
+        "dtype": str(target.model.dtype).removeprefix("torch."),
+        "prompt_token_ids": prompt_ids,
+        "generated_token_ids": generated,
+        "text": target.tokenizer.decode(generated, skip_special_tokens=True),
+        "rounds": [round_record(round_) for round_ in rounds],
+        "stats": {**stats.as_dict(), "engine_seconds": stats.wall_seconds},
+    }
+
+
+def generate_batch(
+    args: argparse.Namespace, pair: Pair, sampling: SamplingConfig, speculative: SpeculativeConfig, texts: list[str]
+) -> int:
+    """Decode a file's prompts in batches of --batch-size (a finished row's place goes to the next prompt) and print
+    one JSON object per prompt, in file order; row i samples with seed + i."""
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype))
+    prompts = [chat_prompt_ids(target, text, chat=not args.no_chat)[0].tolist() for text in texts]
+    for prompt in prompts:  # every line fits before anything runs
+        check_prompt_fits(len(prompt), speculative.max_new_tokens, target.context_length)
+    drafter = NoDrafter() if args.baseline else make_drafter(target, draft, speculative)
+    samplings = [replace(sampling, seed=sampling.seed + i) for i in range(len(prompts))]
+    rounds: list[list[Round]] = [[] for _ in prompts]
+    started = time.perf_counter()
+    for index, round_ in batch_generate(
+        target.model, drafter, prompts, samplings, speculative, target.eos_token_ids, args.batch_size
+    ):
+        rounds[index].append(round_)
+    wall_seconds = time.perf_counter() - started
+    for index, (text, prompt, row_rounds) in enumerate(zip(texts, prompts, rounds, strict=True)):
+        print(
+            json.dumps(
+                {
+                    "index": index,
+                    "prompt": text,
+                    "batch_size": args.batch_size,
+                    **run_record(pair, target, None if args.baseline else pair.drafter, prompt, row_rounds),
+                }
+            )
+        )
+    print(f"{len(prompts)} prompts in {wall_seconds:.1f} s", file=sys.stderr)
     return 0
 
 

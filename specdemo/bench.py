@@ -39,7 +39,7 @@ def bench_methods(target: LoadedModel, draft: LoadedModel | None, speculative: S
         return emitted_ids(rounds), rounds
 
     def ours_speculative(prompt_ids: torch.Tensor) -> tuple[list[int], list[Round]]:
-        drafter = make_drafter(target, draft, greedy, speculative)
+        drafter = make_drafter(target, draft, speculative)
         rounds = list(speculative_generate(model, drafter, prompt_ids, greedy, speculative, eos))
         return emitted_ids(rounds), rounds
 

@@ -12,6 +12,8 @@ MAX_TOP_K = 1_000_000  # larger than any vocabulary; 0 disables top-k
 MAX_REPETITION_PENALTY = 10.0  # beyond this every repeated token is effectively banned
 MAX_TEMPERATURE = 10.0  # beyond this the distribution is uniform noise
 MAX_NGRAM_SIZE = 8
+MAX_NUM_CANDIDATES = 8  # W: candidate drafts per row per round; a pass then scores up to 1 + W*K tokens a row
+MAX_BATCH_SIZE = 32  # rows decoded together; the cache and the W*K-token tree grow with it
 MAX_PROMPT_CHARACTERS = 50_000  # refused before tokenizing: a pasted novel would take seconds just to tokenize
 MAX_PROMPT_TOKENS = 4096  # half the offline default's context, so generation always has room
 
@@ -67,12 +69,14 @@ class SpeculativeConfig:
     min_ngram_size: int = 2  # ...down to 2: one-token matches in free text are mostly noise, and on a CPU a
     # rejected proposal costs a multi-token pass, dearer than a one-token step (bench --min-ngram-size 1)
     draft_temperature: float | None = None  # None: a draft model samples with the target's settings
+    num_candidates: int = 1  # W: drafts per round; the target scores all W in one pass and keeps the best path
 
     def __post_init__(self) -> None:
         _check_int("num-draft-tokens", self.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
         _check_int("max-new-tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
         _check_int("max-ngram-size", self.max_ngram_size, 1, MAX_NGRAM_SIZE)
         _check_int("min-ngram-size", self.min_ngram_size, 1, self.max_ngram_size)
+        _check_int("num-candidates", self.num_candidates, 1, MAX_NUM_CANDIDATES)
         if self.draft_temperature is not None:
             _check_number("draft temperature", self.draft_temperature, 0.0, MAX_TEMPERATURE)
             object.__setattr__(self, "draft_temperature", float(self.draft_temperature))
@@ -83,6 +87,10 @@ class SpeculativeConfig:
         if self.draft_temperature is None:
             return sampling
         return replace(sampling, temperature=self.draft_temperature)
+
+
+def check_batch_size(batch_size: int) -> None:
+    _check_int("batch-size", batch_size, 1, MAX_BATCH_SIZE)
 
 
 def check_prompt(text: str) -> None:

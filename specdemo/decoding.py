@@ -1,29 +1,48 @@
-"""The decoding loops: speculative rounds (draft, verify, accept) and target-only decoding, yielding one Round each."""
+"""The decoding engine: rounds of draft, verify and accept for a batch of rows that join, finish and leave on their
+own, and target-only decoding as the same loop with nothing drafted. Each round yields one Round per row."""
 
-# B = batch (1 here), T = sequence length, K = num_draft_tokens, V = vocab_size
+# B = rows, T = sequence length, W = num_candidates, K = num_draft_tokens (a row's longest candidate), V = vocab_size
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from dataclasses import replace as dataclasses_replace
 from typing import Literal
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
+from specdemo.candidates import CandidateVerdict, verify_batch
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.drafters import Draft, Drafter, NoDrafter
-from specdemo.kv_cache import KVCachedModel
-from specdemo.rejection import RejectionResult, greedy_verify, rejection_sample
+from specdemo.drafters import Draft, Drafter, DraftRequest, NoDrafter
 from specdemo.sampling import build_warpers, greedy_token_ids, logits_to_probs
+from specdemo.tree_cache import RowRequest, TreeCachedModel
 
 NextKind = Literal["resampled", "bonus"]
 
 
 @dataclass(frozen=True)
+class CandidateTrace:
+    """One candidate draft of a round and every test it met (lists run over its tokens)."""
+
+    token_ids: list[int]
+    target_probs: list[float]  # the remaining target probability of each token at its test (p(d) if untested)
+    draft_probs: list[float]  # q(d)
+    acceptance_probs: list[float]  # min(1, target / draft)
+    uniforms: list[float]  # the test's draw: accepted when u * q < p
+    tested: list[bool]
+    accepted: list[bool]
+
+
+@dataclass(frozen=True)
 class Round:
-    """One draft proposal and one target verification pass, with every number behind its outcome."""
+    """One draft proposal and one target verification pass of one row, with every number behind its outcome.
+
+    With W candidates the path fields (draft_token_ids to uniforms) describe candidates[path], the candidate whose
+    prefix was accepted. A pass shared by several rows counts in full for each: its seconds are the latency every
+    row saw, and num_rows says how many rows shared it."""
 
     index: int
     draft_token_ids: list[int]  # the K proposed tokens (K may be 0: nothing to propose, a plain target step)
@@ -35,11 +54,14 @@ class Round:
     next_token_id: int | None  # the resampled or bonus token; None when an accepted EOS ended the run
     next_kind: NextKind | None
     next_token_prob: float | None  # the target probability of next_token_id
-    num_input_tokens: int  # tokens the target read in this pass (the whole prompt in round 0)
+    num_input_tokens: int  # tokens the target read for this row in this pass (the whole prompt in round 0)
     draft_seconds: float  # proposing, draft model forwards included
     verify_seconds: float  # the target forward pass
     other_seconds: float  # probabilities, rejection sampling and bookkeeping
     forward_seconds: float  # time inside model forward passes (draft and target), for the overhead figure
+    candidates: tuple[CandidateTrace, ...] = ()  # all W candidates of the round
+    path: int = 0  # the index of the accepted candidate in `candidates`
+    num_rows: int = 1  # rows that shared the round's passes
 
     @property
     def emitted_token_ids(self) -> list[int]:
@@ -59,36 +81,236 @@ def _eos_cut(token_ids: list[int], eos_token_ids: frozenset[int]) -> int:
     return len(token_ids)
 
 
-def _draft_until_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
+@dataclass
+class _Row:
+    """One prompt being decoded, with its own settings and random stream."""
+
+    sequence_ids: list[int]
+    sampling: SamplingConfig
+    speculative: SpeculativeConfig
+    generator: torch.Generator
+    warpers: LogitsProcessorList = field(init=False)
+    num_generated: int = 0
+    num_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        self.warpers = build_warpers(self.sampling)
+
+    def draft_request(self, key: Hashable) -> DraftRequest:
+        # Never propose more than can be emitted: K accepted + 1 next token <= tokens still allowed.
+        num_draft = min(self.speculative.num_draft_tokens, self.speculative.max_new_tokens - self.num_generated - 1)
+        draft_sampling = self.speculative.draft_sampling(self.sampling)
+        return DraftRequest(
+            key, self.sequence_ids, num_draft, self.speculative.num_candidates, draft_sampling, self.generator
+        )
+
+
+def _cut_at_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
     """Drafts after an EOS could never be emitted, so they are neither verified nor counted."""
-    keep = _eos_cut(draft.token_ids[0].tolist(), eos_token_ids)
-    if keep == draft.token_ids.shape[1]:
-        return draft
-    probs = None if draft.probs is None else draft.probs[:, :keep]
-    return Draft(draft.token_ids[:, :keep], probs, draft.forward_seconds)
+    token_ids = [candidate[: _eos_cut(candidate, eos_token_ids)] for candidate in draft.token_ids]
+    depth = max(map(len, token_ids), default=0)
+    probs = None if draft.probs is None else draft.probs[:, :depth]
+    return Draft(token_ids, probs, draft.forward_seconds)
 
 
-def _emitted(drafts: list[int], num_accepted: int, next_token: int, eos_token_ids: frozenset[int]) -> list[int]:
-    """The accepted drafts and the resampled or bonus token, up to the first EOS."""
-    emitted = [*drafts[:num_accepted], next_token]
-    return emitted[: _eos_cut(emitted, eos_token_ids)]
-
-
-def verify(
+def _row_tensors(
+    row: _Row,
     draft: Draft,
-    target_logits: torch.Tensor,  # [1, k+1, V]
-    candidate_ids: torch.Tensor,  # [1, T+k] the sequence and the draft
-    sampling: SamplingConfig,
-    warpers: LogitsProcessorList,
-    generator: torch.Generator,
-) -> RejectionResult:
-    """Rejection sampling; at temperature 0 with a deterministic drafter, its exact one-hot special case."""
-    if sampling.is_greedy and draft.probs is None:
-        target_ids = greedy_token_ids(target_logits, candidate_ids, sampling)  # [1, k+1]
-        return greedy_verify(draft.token_ids, target_ids, generator=generator)
-    target_probs = logits_to_probs(target_logits, candidate_ids, sampling, warpers)  # [1, k+1, V]
-    draft_probs = draft.dense_probs(target_probs.shape[-1])  # [1, k, V]
-    return rejection_sample(draft.token_ids, draft_probs, target_probs, generator=generator)
+    target_logits: torch.Tensor,  # [W, K+1, V]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row's inputs to the multi-candidate rule: candidates [W, K], lengths [W], q [W, K, V], p [W, K+1, V] with
+    the row's own settings, and its K*W + 1 draws from its own generator."""
+    num_candidates, depth_plus_one, vocab_size = target_logits.shape
+    device = target_logits.device
+    candidates = torch.tensor(
+        [c + [0] * (depth_plus_one - 1 - len(c)) for c in draft.token_ids] or [[]], dtype=torch.long, device=device
+    ).reshape(num_candidates, depth_plus_one - 1)
+    lengths = torch.tensor([len(c) for c in draft.token_ids] or [0], device=device)
+    contexts = torch.cat([torch.tensor(row.sequence_ids, device=device).expand(num_candidates, -1), candidates], 1)
+    if row.sampling.is_greedy:  # one-hot p without the softmax
+        target_ids = greedy_token_ids(target_logits, contexts, row.sampling)  # [W, K+1]
+        target_probs = torch.nn.functional.one_hot(target_ids, vocab_size).float()
+    else:
+        target_probs = logits_to_probs(target_logits, contexts, row.sampling, row.warpers)  # [W, K+1, V]
+    if draft.probs is None:
+        draft_probs = torch.nn.functional.one_hot(candidates, vocab_size).float()  # [W, K, V] deterministic
+    else:
+        draft_probs = draft.probs.to(device)
+    uniforms = torch.rand(
+        (depth_plus_one - 1) * len(draft.token_ids) + 1, dtype=torch.float64, generator=row.generator, device=device
+    )
+    return candidates, lengths, draft_probs, target_probs, uniforms
+
+
+def _pad_and_verify(inputs: list[tuple[torch.Tensor, ...]]) -> CandidateVerdict:
+    """Pad every row to the largest W and K (padding candidates have length 0, so they are never tested; a row's
+    draws keep their meaning: test (j, w) reads j*W + w of the row's own W) and run the vmapped rule."""
+    num_candidates = max(c.shape[0] for c, *_ in inputs)
+    depth = max(c.shape[1] for c, *_ in inputs)
+    vocab_size = inputs[0][3].shape[-1]
+    padded = []
+    for candidates, lengths, draft_probs, target_probs, uniforms in inputs:
+        w, k = candidates.shape
+        draws = uniforms.new_zeros(depth * num_candidates + 1)
+        grid = draws[:-1].view(depth, num_candidates)
+        grid[:k, :w] = uniforms[:-1].view(k, w)
+        draws[-1] = uniforms[-1]
+        padded.append(
+            (
+                torch.nn.functional.pad(candidates, (0, depth - k, 0, num_candidates - w)),
+                torch.nn.functional.pad(lengths, (0, num_candidates - w)),
+                torch.nn.functional.pad(draft_probs, (0, 0, 0, depth - k, 0, num_candidates - w)),
+                torch.nn.functional.pad(target_probs, (0, 0, 0, depth - k, 0, num_candidates - w)).expand(
+                    num_candidates, depth + 1, vocab_size
+                ),
+                draws,
+            )
+        )
+    return verify_batch(*(torch.stack(column) for column in zip(*padded, strict=True)))
+
+
+def _trace(verdict: CandidateVerdict, b: int, draft: Draft) -> tuple[CandidateTrace, ...]:
+    """Row b's candidates with the numbers of every test, as plain lists."""
+
+    def column(table: torch.Tensor, w: int, length: int) -> list:
+        return table[b, w, :length].tolist()
+
+    return tuple(
+        CandidateTrace(
+            token_ids=tokens,
+            target_probs=column(verdict.target_draft_probs, w, len(tokens)),
+            draft_probs=column(verdict.draft_draft_probs, w, len(tokens)),
+            acceptance_probs=column(verdict.acceptance_probs, w, len(tokens)),
+            uniforms=column(verdict.uniforms, w, len(tokens)),
+            tested=column(verdict.tested, w, len(tokens)),
+            accepted=column(verdict.accepted, w, len(tokens)),
+        )
+        for w, tokens in enumerate(draft.token_ids)
+    )
+
+
+class BatchDecoder:
+    """Decodes a batch of rows with one drafter and one target pass per round for all of them.
+
+    Rows join with add() before any round (continuous batching: a row added between rounds joins at the next one),
+    leave when they finish (EOS or max_new_tokens) or with remove(). Each row has its own settings and generator, so
+    its tokens are those it would get decoded alone."""
+
+    def __init__(self, target: PreTrainedModel, drafter: Drafter, eos_token_ids: frozenset[int]) -> None:
+        self.verifier = TreeCachedModel(target)
+        self.drafter = drafter
+        self.eos_token_ids = eos_token_ids
+        self.rows: dict[Hashable, _Row] = {}
+
+    def add(
+        self,
+        key: Hashable,
+        prompt_ids: Sequence[int],
+        sampling: SamplingConfig,
+        speculative: SpeculativeConfig,
+        generator: torch.Generator | None = None,  # default: seeded from sampling.seed
+    ) -> None:
+        assert key not in self.rows and len(prompt_ids) > 0, f"row {key!r}: a new key and a non-empty prompt"
+        generator = generator or torch.Generator(device=self.verifier.device).manual_seed(sampling.seed)
+        self.rows[key] = _Row(list(prompt_ids), sampling, speculative, generator)
+
+    def remove(self, key: Hashable) -> None:
+        """The row leaves at once; the others are untouched."""
+        self.rows.pop(key, None)
+        self.verifier.drop(key)
+        self.drafter.forget(key)
+
+    def step(self) -> list[tuple[Hashable, Round]]:
+        """One round for every row: draft, one target pass, the multi-candidate rule; finished rows leave."""
+        started = time.perf_counter()
+        keys, rows = list(self.rows), list(self.rows.values())
+        requests = [row.draft_request(key) for key, row in zip(keys, rows, strict=True)]
+        asking = [r for r in requests if r.num_draft_tokens > 0]
+        proposed = dict(zip((r.key for r in asking), self.drafter.propose(asking) if asking else [], strict=True))
+        drafts = [_cut_at_eos(proposed.get(key, Draft([], None)), self.eos_token_ids) for key in keys]
+        drafted = time.perf_counter()
+        forward_before = self.verifier.forward_seconds
+        target_logits = self.verifier.logits(
+            {
+                key: RowRequest(row.sequence_ids, d.token_ids, "all")
+                for key, row, d in zip(keys, rows, drafts, strict=True)
+            }
+        )  # per row [W, K+1, V]
+        verified = time.perf_counter()
+        verdict = _pad_and_verify([_row_tensors(r, d, t) for r, d, t in zip(rows, drafts, target_logits, strict=True)])
+        timings = dict(
+            draft_seconds=drafted - started,
+            verify_seconds=verified - drafted,
+            forward_seconds=max((d.forward_seconds for d in drafts), default=0.0)
+            + self.verifier.forward_seconds
+            - forward_before,
+            num_rows=len(rows),
+        )
+        rounds = [
+            self._finish_round(b, key, row, draft, verdict, timings)
+            for b, (key, row, draft) in enumerate(zip(keys, rows, drafts, strict=True))
+        ]
+        other_seconds = time.perf_counter() - verified
+        return [(key, _with_other_seconds(round_, other_seconds)) for key, round_ in rounds]
+
+    def _finish_round(
+        self, b: int, key: Hashable, row: _Row, draft: Draft, verdict: CandidateVerdict, timings: dict[str, float | int]
+    ) -> tuple[Hashable, Round]:
+        """Row b's Round from the verdict; the row grows by its emitted tokens and leaves when it is done."""
+        candidates = _trace(verdict, b, draft) or (CandidateTrace([], [], [], [], [], [], []),)
+        path, accepted = int(verdict.path[b]), int(verdict.num_accepted[b])
+        chosen = candidates[path]
+        emitted = [*chosen.token_ids[:accepted], int(verdict.next_token_ids[b])]
+        emitted = emitted[: _eos_cut(emitted, self.eos_token_ids)]
+        has_next = len(emitted) > accepted  # False after an accepted EOS: no bonus token follows it
+        tested_at_end = bool(verdict.tested[b, :, accepted].any()) if accepted < verdict.tested.shape[2] else False
+        round_ = Round(
+            index=row.num_rounds,
+            draft_token_ids=chosen.token_ids,
+            target_probs=chosen.target_probs,
+            draft_probs=chosen.draft_probs,
+            acceptance_probs=chosen.acceptance_probs,
+            uniforms=chosen.uniforms,
+            num_accepted=accepted,
+            next_token_id=emitted[-1] if has_next else None,
+            next_kind=("resampled" if tested_at_end else "bonus") if has_next else None,
+            next_token_prob=float(verdict.next_token_probs[b]) if has_next else None,
+            num_input_tokens=self.verifier.last_input_lengths[key],
+            other_seconds=0.0,
+            candidates=candidates if draft.token_ids else (),
+            path=path,
+            **timings,
+        )
+        row.sequence_ids = row.sequence_ids + emitted
+        row.num_generated += len(emitted)
+        row.num_rounds += 1
+        if row.num_generated >= row.speculative.max_new_tokens or emitted[-1] in self.eos_token_ids:
+            self.remove(key)
+        return key, round_
+
+
+def _with_other_seconds(round_: Round, other_seconds: float) -> Round:
+    return dataclasses_replace(round_, other_seconds=other_seconds)
+
+
+def batch_generate(
+    target: PreTrainedModel,
+    drafter: Drafter,
+    prompts: Sequence[Sequence[int]],
+    samplings: Sequence[SamplingConfig],
+    speculative: SpeculativeConfig,
+    eos_token_ids: frozenset[int],
+    batch_size: int,
+) -> Iterator[tuple[int, Round]]:
+    """Decode every prompt, at most batch_size at a time; a finished row's place goes to the next prompt at the next
+    round. Yields (prompt index, Round) in the order the rounds happen."""
+    decoder = BatchDecoder(target, drafter, eos_token_ids)
+    waiting = list(range(len(prompts)))
+    while waiting or decoder.rows:
+        while waiting and len(decoder.rows) < batch_size:
+            index = waiting.pop(0)
+            decoder.add(index, prompts[index], samplings[index], speculative)
+        yield from decoder.step()
 
 
 def speculative_generate(
@@ -100,52 +322,15 @@ def speculative_generate(
     eos_token_ids: frozenset[int],
     generator: torch.Generator | None = None,  # default: seeded from sampling.seed
 ) -> Iterator[Round]:
-    """Yield rounds until max_new_tokens are emitted or an EOS is; the tokens follow the target's distribution."""
+    """One prompt: yield rounds until max_new_tokens are emitted or an EOS is; the tokens follow the target."""
     assert prompt_ids.ndim == 2 and prompt_ids.shape[0] == 1 and prompt_ids.shape[1] > 0, (
         f"prompt_ids must be [1, T] with T > 0, got {tuple(prompt_ids.shape)}"
     )
-    if generator is None:
-        generator = torch.Generator(device=prompt_ids.device).manual_seed(sampling.seed)
-    verifier = KVCachedModel(target)
-    warpers = build_warpers(sampling)
-    sequence_ids = prompt_ids.to(verifier.device)  # [1, T] grows by each round's emitted tokens
-    num_generated, index = 0, 0
-    while num_generated < speculative.max_new_tokens:
-        started = time.perf_counter()
-        # Never propose more than can be emitted: K accepted + 1 next token <= tokens still allowed.
-        num_draft = min(speculative.num_draft_tokens, speculative.max_new_tokens - num_generated - 1)
-        draft = _draft_until_eos(drafter.propose(sequence_ids, num_draft, generator), eos_token_ids)  # [1, k]
-        drafted = time.perf_counter()
-        candidate_ids = torch.cat([sequence_ids, draft.token_ids], dim=1)  # [1, T+k]
-        target_logits = verifier.logits(candidate_ids, num_logits=draft.token_ids.shape[1] + 1)  # [1, k+1, V]
-        verified = time.perf_counter()
-
-        result = verify(draft, target_logits, candidate_ids, sampling, warpers, generator)
-        drafts, accepted = draft.token_ids[0].tolist(), int(result.num_accepted[0])
-        emitted = _emitted(drafts, accepted, int(result.next_token_ids[0]), eos_token_ids)
-        has_next = len(emitted) > accepted  # False after an accepted EOS: no bonus token follows it
-        sequence_ids = torch.cat([sequence_ids, torch.tensor([emitted], device=sequence_ids.device)], dim=1)
-        num_generated += len(emitted)
-        yield Round(
-            index=index,
-            draft_token_ids=drafts,
-            target_probs=result.target_draft_probs[0].tolist(),
-            draft_probs=result.draft_draft_probs[0].tolist(),
-            acceptance_probs=result.acceptance_probs[0].tolist(),
-            uniforms=result.uniforms[0].tolist(),
-            num_accepted=accepted,
-            next_token_id=emitted[-1] if has_next else None,
-            next_kind=("bonus" if accepted == len(drafts) else "resampled") if has_next else None,
-            next_token_prob=float(result.next_token_probs[0]) if has_next else None,
-            num_input_tokens=verifier.last_input_length,
-            draft_seconds=drafted - started,
-            verify_seconds=verified - drafted,
-            other_seconds=time.perf_counter() - verified,
-            forward_seconds=draft.forward_seconds + verifier.last_forward_seconds,
-        )
-        index += 1
-        if emitted[-1] in eos_token_ids:
-            return
+    decoder = BatchDecoder(target, drafter, eos_token_ids)
+    decoder.add(0, prompt_ids[0].tolist(), sampling, speculative, generator)
+    while decoder.rows:
+        for _, round_ in decoder.step():
+            yield round_
 
 
 def autoregressive_generate(

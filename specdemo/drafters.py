@@ -1,107 +1,162 @@
-"""The drafter seam: anything that proposes K tokens with the distributions it sampled them from."""
+"""The drafter seam: anything that proposes W candidate drafts per row with the distributions it drew them from."""
 
-# B = batch (1 here), T = sequence length, K = num_draft_tokens, V = vocab_size
+# R = rows asking for drafts, W = num_candidates, K = num_draft_tokens, T = sequence length, V = vocab_size
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
+from specdemo.candidates import choose_draft_tokens
 from specdemo.config import SamplingConfig
-from specdemo.kv_cache import KVCachedModel
-from specdemo.sampling import build_warpers, draw_uniforms, logits_to_probs, sample_from_probs
+from specdemo.sampling import build_warpers, logits_to_probs
+from specdemo.tree_cache import RowRequest, TreeCachedModel
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """One row's ask: up to `num_candidates` drafts of up to `num_draft_tokens` tokens continuing its sequence."""
+
+    key: Hashable  # the row, stable while it decodes (a drafter with a cache keeps the row's cache under it)
+    sequence_ids: list[int]  # prompt and emitted tokens
+    num_draft_tokens: int
+    num_candidates: int
+    sampling: SamplingConfig  # what a draft model samples with for this row
+    generator: torch.Generator  # the row's own: a draft model draws one uniform per beam per step from it
 
 
 @dataclass(frozen=True)
 class Draft:
-    """K proposed tokens and q, the exact distributions they were drawn from (after every filter)."""
+    """A row's W candidates and q, the exact distributions their tokens were drawn from (after every filter)."""
 
-    token_ids: torch.Tensor  # [B, K] int64; K may be 0 when the drafter has nothing to propose
-    probs: torch.Tensor | None  # [B, K, V] float32 (V the target's); None: q is one-hot on token_ids
-    forward_seconds: float = 0.0  # time the drafter spent in model forward passes (0 for prompt lookup)
-
-    def dense_probs(self, vocab_size: int) -> torch.Tensor:  # [B, K, V]
-        if self.probs is not None:
-            return self.probs
-        return torch.nn.functional.one_hot(self.token_ids, vocab_size).float()
+    token_ids: list[list[int]]  # W candidates of at most K tokens; W may be 0 when there is nothing to propose
+    probs: torch.Tensor | None  # [W, K, V] float32 (V the target's); None: deterministic, q one-hot on the tokens
+    forward_seconds: float = 0.0  # time in the drafter's forward passes, shared by the rows drafted together
 
 
 class Drafter(Protocol):
-    """Proposes up to `num_draft_tokens` continuations of `sequence_ids` (which ends with the newest token)."""
+    """Proposes candidates for every row that asks, in one go, so a draft model runs one pass per step for all."""
 
-    def propose(self, sequence_ids: torch.Tensor, num_draft_tokens: int, generator: torch.Generator) -> Draft: ...
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]: ...
 
-
-def one_hot_draft(token_ids: torch.Tensor) -> Draft:  # [B, K]
-    """A deterministic proposal: q is one-hot, so acceptance is u < p(d) and the residual is p without d."""
-    return Draft(token_ids=token_ids, probs=None)
+    def forget(self, key: Hashable) -> None:
+        """The row left the batch: drop whatever is kept for it."""
 
 
 class NoDrafter:
     """Proposes nothing: every round is one target step, which is target-only decoding."""
 
-    def propose(self, sequence_ids: torch.Tensor, num_draft_tokens: int, generator: torch.Generator) -> Draft:
-        return one_hot_draft(sequence_ids.new_empty(sequence_ids.shape[0], 0))
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        return [Draft([], None) for _ in requests]
+
+    def forget(self, key: Hashable) -> None:
+        pass
 
 
-def find_ngram_continuation(
+def find_ngram_continuations(
     sequence_ids: torch.Tensor,  # [T] int64
     num_draft_tokens: int,
+    num_candidates: int,
     max_ngram_size: int,
     min_ngram_size: int = 1,
-) -> torch.Tensor:  # [k] int64, k <= num_draft_tokens, empty when no n-gram recurs
-    """Prompt lookup (Saxena 2023): find the latest earlier occurrence of the last n tokens, longest n first,
-    and propose what followed it."""
-    length = sequence_ids.shape[0]
+) -> list[list[int]]:  # up to num_candidates distinct continuations of at most num_draft_tokens tokens
+    """Prompt lookup (Saxena 2023): find earlier occurrences of the last n tokens, longest n first and latest match
+    first, and propose what followed each; distinct continuations only, from different matches."""
+    length, found = sequence_ids.shape[0], []
     for size in range(min(max_ngram_size, length - 1), min_ngram_size - 1, -1):
         windows = sequence_ids[: length - 1].unfold(0, size, 1)  # [T-size, size] every earlier n-gram
-        matches = (windows == sequence_ids[length - size :]).all(dim=1).nonzero().flatten()  # start indices
-        if matches.numel():
-            start = int(matches[-1]) + size
-            return sequence_ids[start : start + num_draft_tokens]
-    return sequence_ids[:0]
+        starts = (windows == sequence_ids[length - size :]).all(dim=1).nonzero().flatten() + size  # [matches]
+        for start in starts.flip(0).tolist():
+            continuation = sequence_ids[start : start + num_draft_tokens].tolist()
+            if continuation not in found:
+                found.append(continuation)
+            if len(found) == num_candidates:
+                return found
+    return found
 
 
 class NgramDrafter:
-    """Prompt-lookup drafting: no model, no cache; copies text that follows the latest matching n-gram."""
+    """Prompt-lookup drafting: no model, no cache; copies text that follows matching n-grams."""
 
     def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 2) -> None:
         self.max_ngram_size, self.min_ngram_size = max_ngram_size, min_ngram_size
 
-    def propose(self, sequence_ids: torch.Tensor, num_draft_tokens: int, generator: torch.Generator) -> Draft:
-        assert sequence_ids.shape[0] == 1, "the n-gram drafter proposes for one sequence at a time"
-        found = find_ngram_continuation(  # [k]
-            sequence_ids[0], num_draft_tokens, self.max_ngram_size, self.min_ngram_size
-        )
-        return one_hot_draft(found[None])
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        return [
+            Draft(
+                find_ngram_continuations(
+                    torch.tensor(r.sequence_ids),
+                    r.num_draft_tokens,
+                    r.num_candidates,
+                    self.max_ngram_size,
+                    self.min_ngram_size,
+                )
+                if r.num_draft_tokens
+                else [],
+                None,
+            )
+            for r in requests
+        ]
+
+    def forget(self, key: Hashable) -> None:
+        pass
 
 
 class ModelDrafter:
-    """A smaller model sharing the target's tokenizer, sampling K tokens one by one with its own KV cache."""
+    """A smaller model sharing the target's tokenizer. Each step feeds every row's W beams in one pass (a tree on the
+    row's cache) and samples each beam's next token from its own draw: W i.i.d. drafts, q recorded per token."""
 
-    def __init__(self, model: PreTrainedModel, sampling: SamplingConfig, vocab_size: int) -> None:
-        self.cached = KVCachedModel(model)
-        self.sampling = sampling  # may differ from the target's: q is whatever the draft really sampled from
-        self.warpers = build_warpers(sampling)
+    def __init__(self, model: PreTrainedModel, sampling: SamplingConfig | None, vocab_size: int) -> None:
+        self.cached = TreeCachedModel(model)
+        self.sampling = sampling  # None: each row's own draft settings; q is whatever the draft really sampled from
         self.vocab_size = vocab_size  # the target's: a larger padded draft embedding is cut, a smaller one padded
 
-    def propose(self, sequence_ids: torch.Tensor, num_draft_tokens: int, generator: torch.Generator) -> Draft:
-        ids, probs = sequence_ids, []
+    def forget(self, key: Hashable) -> None:
+        self.cached.drop(key)
+
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        beams = [[[] for _ in range(r.num_candidates)] for r in requests]  # per row, W lists of drafted tokens
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]  # per row, K x [W, V]
         forward_before = self.cached.forward_seconds
-        for _ in range(num_draft_tokens):
-            logits = self.cached.logits(ids, num_logits=1)[..., : self.vocab_size]  # [B, 1, V]
-            step_probs = logits_to_probs(logits, ids, self.sampling, self.warpers)  # [B, 1, V_draft]
-            # A draft with a smaller vocabulary gives q = 0 to the target's extra ids.
-            step_probs = torch.nn.functional.pad(step_probs, (0, self.vocab_size - step_probs.shape[-1]))
-            uniforms = draw_uniforms(generator, ids.shape[0], 1, ids.device)[:, 0]  # [B]
-            token = sample_from_probs(step_probs[:, 0], uniforms)  # [B]
-            ids = torch.cat([ids, token[:, None]], dim=1)
-            probs.append(step_probs)
-        token_ids = ids[:, sequence_ids.shape[1] :]  # [B, K]
-        if not probs or self.sampling.is_greedy:
-            return Draft(token_ids=token_ids, probs=None, forward_seconds=self.cached.forward_seconds - forward_before)
+        for step in range(max((r.num_draft_tokens for r in requests), default=0)):
+            drafting = [i for i, r in enumerate(requests) if step < r.num_draft_tokens]
+            logits = self.cached.logits(
+                {
+                    requests[i].key: RowRequest(requests[i].sequence_ids, beams[i] if step else [], "tips")
+                    for i in drafting
+                }
+            )  # per row [W, V] after each beam (or [1, V] after the sequence at the first step)
+            step_probs, uniforms = [], []
+            for i, row_logits in zip(drafting, logits, strict=True):
+                request = requests[i]
+                sampling = self.sampling or request.sampling
+                contexts = torch.tensor([request.sequence_ids + beam for beam in beams[i]], device=row_logits.device)
+                row_probs = logits_to_probs(  # [W, 1, V_draft] -> [W, V], q = 0 for the target's extra ids
+                    row_logits[:, None, : self.vocab_size].expand(len(beams[i]), 1, -1),
+                    contexts,
+                    sampling,
+                    build_warpers(sampling),
+                )[:, 0]
+                step_probs.append(torch.nn.functional.pad(row_probs, (0, self.vocab_size - row_probs.shape[-1])))
+                uniforms.append(torch.rand(len(beams[i]), dtype=torch.float64, generator=request.generator))
+            tokens = choose_draft_tokens(  # [R, W]: every beam of every row in one vmapped call
+                torch.nn.utils.rnn.pad_sequence(step_probs, batch_first=True, padding_value=1.0),
+                torch.nn.utils.rnn.pad_sequence(uniforms, batch_first=True),
+            )
+            for row, i in enumerate(drafting):
+                for w, beam in enumerate(beams[i]):
+                    beam.append(int(tokens[row, w]))
+                probs[i].append(step_probs[row])
         forward_seconds = self.cached.forward_seconds - forward_before
-        return Draft(token_ids=token_ids, probs=torch.cat(probs, dim=1), forward_seconds=forward_seconds)
+        return [
+            Draft(
+                row_beams,
+                None if not row_probs or (self.sampling or r.sampling).is_greedy else torch.stack(row_probs, dim=1),
+                forward_seconds,
+            )  # [W, K, V]
+            for r, row_beams, row_probs in zip(requests, beams, probs, strict=True)
+        ]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.config import SpeculativeConfig
 from specdemo.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdemo.model_cache import ModelCache
 from specdemo.models import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
@@ -173,10 +173,9 @@ def load_pair(
     return target, draft
 
 
-def make_drafter(
-    target: LoadedModel, draft: LoadedModel | None, sampling: SamplingConfig, speculative: SpeculativeConfig
-) -> Drafter:
-    """A fresh drafter for one run (its KV cache is its own): prompt lookup, or the draft model."""
+def make_drafter(target: LoadedModel, draft: LoadedModel | None, speculative: SpeculativeConfig) -> Drafter:
+    """A fresh drafter (its KV cache is its own): prompt lookup, or the draft model sampling with each row's draft
+    settings."""
     if draft is None:
         return NgramDrafter(speculative.max_ngram_size, speculative.min_ngram_size)
-    return ModelDrafter(draft.model, speculative.draft_sampling(sampling), target.vocab_size)
+    return ModelDrafter(draft.model, None, target.vocab_size)

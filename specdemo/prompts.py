@@ -107,3 +107,28 @@ def parse_prompt_line(line: str, number: int, path: str | Path) -> BenchPrompt:
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from error
     return BenchPrompt(record["name"].strip(), record["grounded"], record["text"])
+
+
+MAX_PROMPTS_FILE_LINES = 256  # a prompts file is decoded in one process; more belongs in several runs
+
+
+def load_prompt_lines(path: str) -> list[str]:
+    """A prompts file for `generate --prompts-file`: one prompt per line, every line checked before anything runs."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"The prompts file {path} does not exist: give the path of a text file, one prompt per line.")
+    lines = file.read_text(encoding="utf-8").splitlines()
+    if not lines:
+        raise ValueError(f"The prompts file {path} is empty: write one prompt per line.")
+    if len(lines) > MAX_PROMPTS_FILE_LINES:
+        raise ValueError(
+            f"The prompts file {path} has {len(lines)} lines; the limit is {MAX_PROMPTS_FILE_LINES}: split it."
+        )
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise ValueError(f"Line {number} of {path} is empty: remove it or write a prompt on it.")
+        try:
+            check_prompt(line)
+        except ValueError as error:
+            raise ValueError(f"Line {number} of {path}: {error}") from None
+    return lines

@@ -84,14 +84,23 @@ def draw_uniforms(
     return torch.stack(rows)
 
 
+def sample_one(
+    weights: torch.Tensor,  # [V] non-negative, not necessarily normalised, with some mass
+    uniform: torch.Tensor,  # [] float64 in [0, 1)
+) -> torch.Tensor:  # [] int64
+    """Inverse-CDF draw for one sequence: the first token whose cumulative weight exceeds u * total, so never a
+    zero-weight token. Loop-free, for torch.func.vmap over beams and rows."""
+    cdf = weights.double().cumsum(dim=-1)  # [V] float64, so a 49k-token tail keeps its precision
+    total = cdf[-1]
+    # Below the total, so the first cdf value above the threshold always exists and is a step up (weight > 0).
+    threshold = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return (cdf <= threshold).sum()  # searchsorted(cdf, threshold, right=True), which vmap cannot batch
+
+
 def sample_from_probs(
     probs: torch.Tensor,  # [B, V] non-negative weights, not necessarily normalised
     uniforms: torch.Tensor,  # [B] float64 in [0, 1)
 ) -> torch.Tensor:  # [B] int64
-    """Inverse-CDF draw: the first token whose cumulative weight exceeds u * total; never a zero-weight token."""
-    cdf = probs.double().cumsum(dim=-1)  # [B, V] float64, so a 49k-token tail keeps its precision
-    total = cdf[:, -1:]  # [B, 1]
-    assert bool((total > 0).all()), "sample_from_probs got a row with no probability mass"
-    # Below the total, so the first cdf value above the threshold always exists and is a step up (weight > 0).
-    threshold = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
+    """sample_one for every row."""
+    assert bool((probs.sum(dim=-1) > 0).all()), "sample_from_probs got a row with no probability mass"
+    return torch.func.vmap(sample_one)(probs, uniforms)

@@ -117,6 +117,9 @@ def round_record(round_: Round) -> dict:
         "draft_seconds": round_.draft_seconds,
         "verify_seconds": round_.verify_seconds,
         "other_seconds": round_.other_seconds,
+        "num_rows": round_.num_rows,  # rows that shared the pass; each row's seconds are the whole shared pass's
+        "path": round_.path,
+        "candidates": [asdict(candidate) for candidate in round_.candidates],
     }
 
 

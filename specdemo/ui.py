@@ -518,7 +518,7 @@ def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], st
     deadline. Returns its rounds, token HTML, summary, and whether the deadline ended it."""
     target, sampling, speculative = run.target, run.request.sampling, run.request.speculative
     decode = partial(target.tokenizer.decode, skip_special_tokens=False)
-    drafter = make_drafter(target, run.draft, sampling, speculative)
+    drafter = make_drafter(target, run.draft, speculative)
     rounds: list[Round] = []
     emitted: list[int] = []
     tokens_html, summary, last_chart = "", "", 0.0

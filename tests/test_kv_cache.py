@@ -182,7 +182,7 @@ def test_gemma_greedy_parity_with_rejections_past_the_window(gemma):
     window = gemma.model.config.sliding_window
     assert window == 512 and prompt_ids.shape[1] >= 700, (window, prompt_ids.shape)
     spec = SpeculativeConfig(max_new_tokens=50)
-    drafter = make_drafter(gemma, None, GREEDY, spec)
+    drafter = make_drafter(gemma, None, spec)
     assert isinstance(drafter, NgramDrafter)
     rounds = list(speculative_generate(gemma.model, drafter, prompt_ids, GREEDY, spec, gemma.eos_token_ids))
     assert rejections_past(rounds, prompt_ids.shape[1], window), [(r.draft_token_ids, r.num_accepted) for r in rounds]

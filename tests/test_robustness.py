@@ -76,7 +76,7 @@ def run_alone(offline_model, prompt: str, variant: dict, seed: int) -> list[int]
     prompt_ids = chat_prompt_ids(offline_model, prompt)
     rounds = speculative_generate(
         offline_model.model,
-        make_drafter(offline_model, None, sampling, speculative),
+        make_drafter(offline_model, None, speculative),
         prompt_ids,
         sampling,
         speculative,
