@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from specdemo.batch_bench import batch_table, run_batch_bench
 from specdemo.bench import bench_app, bench_pass_costs, bench_rejection_sampler, markdown_table, run_bench
 from specdemo.config import (
     MAX_BATCH_SIZE,
@@ -102,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--pass-costs", action="store_true", help="measure t(k)/t(1), a k-token forward pass over a one-token one"
     )
+    bench.add_argument("--batch-sizes", metavar="B,B,...", help="batched bench instead, e.g. 1,2,4,8")
+    bench.add_argument("--num-candidates", default="1", metavar="W,W,...", help="with --batch-sizes, e.g. 1,2,4")
     return parser
 
 
@@ -230,6 +233,8 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {args.repeats}.")
     prompts = load_prompts(args.prompts) if args.prompts else PROMPTS  # checked before any model loads
+    if args.batch_sizes:
+        return batch_bench_command(args, prompts)
     pair = find_pair(args.pair)
     speculative = SpeculativeConfig(
         num_draft_tokens=args.num_draft_tokens,
@@ -245,6 +250,37 @@ def bench_command(args: argparse.Namespace) -> int:
     results = run_bench(target, draft, speculative, args.repeats, prompts, log=log, pair=pair.key)
     results["rejection_sampler"] = bench_rejection_sampler()
     print(markdown_table(results))
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2))
+    print(f"Wrote {output}")
+    return 0
+
+
+def _int_list(name: str, text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{name} must be whole numbers separated by commas, e.g. 1,2,4; got {text!r}.") from None
+
+
+def batch_bench_command(args: argparse.Namespace, prompts: tuple) -> int:
+    batch_sizes, candidates = (
+        _int_list("--batch-sizes", args.batch_sizes),
+        _int_list("--num-candidates", args.num_candidates),
+    )
+    for batch_size in batch_sizes:
+        check_batch_size(batch_size)
+    pair = find_pair(args.pair)
+    speculative = SpeculativeConfig(
+        num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens, min_ngram_size=args.min_ngram_size
+    )
+    for w in candidates:
+        replace(speculative, num_candidates=w)  # refuses W outside its limits before any model loads
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype))
+    results = run_batch_bench(target, draft, speculative, prompts, batch_sizes, candidates, args.repeats, _progress)
+    results.update(pair=pair.key, model=target.description, max_new_tokens=speculative.max_new_tokens)
+    print(batch_table(results["rows"], results["methods"]))
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2))

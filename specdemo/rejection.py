@@ -100,33 +100,6 @@ def rejection_sample(
     )
 
 
-def greedy_verify(
-    draft_token_ids: torch.Tensor,  # [B, K] int64 from a deterministic drafter (q one-hot)
-    target_token_ids: torch.Tensor,  # [B, K+1] int64 the target's greedy choice at each position (p one-hot)
-    *,
-    generator: Generators = None,
-) -> RejectionResult:
-    """rejection_sample when p and q are both one-hot: accept while the draft equals the target's argmax, then
-    emit the argmax. The same draws and the same result, without any [B, K, V] tensor."""
-    batch_size, num_draft = draft_token_ids.shape
-    # Drawn although greedy ignores them: the generator stream and the trace stay those of rejection_sample.
-    uniforms = draw_uniforms(generator, batch_size, num_draft + 1, draft_token_ids.device)  # [B, K+1]
-    matches = draft_token_ids == target_token_ids[:, :num_draft]  # [B, K] p(d_i) is 1 exactly here
-    num_accepted = first_rejection_index(matches)  # [B]
-    next_token_ids = target_token_ids.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
-    target_draft = matches.double()  # [B, K]
-    return RejectionResult(
-        token_ids=emitted_token_ids(draft_token_ids, num_accepted, next_token_ids),
-        num_accepted=num_accepted,
-        target_draft_probs=target_draft,
-        draft_draft_probs=torch.ones_like(target_draft),
-        acceptance_probs=target_draft,  # min(1, p / q) with q = 1
-        uniforms=uniforms[:, :num_draft],
-        next_token_ids=next_token_ids,
-        next_token_probs=torch.ones(batch_size, device=draft_token_ids.device),
-    )
-
-
 def emitted_token_ids(
     draft_token_ids: torch.Tensor,  # [B, K]
     num_accepted: torch.Tensor,  # [B]

@@ -108,3 +108,59 @@ def test_dtype_bfloat16_decodes_in_bfloat16_and_says_so(offline_model, capsys):
     assert result["dtype"] == "bfloat16" and result["device"] == "cpu"
     assert 0 < len(result["generated_token_ids"]) <= 8
     assert all(0 <= p <= 1 for r in result["rounds"] for p in r["acceptance_probs"])  # probabilities in float32
+
+
+@pytest.mark.parametrize(
+    ("lines", "arguments", "message"),
+    [
+        (None, [], "does not exist: give the path of a text file"),
+        ([], [], "is empty: write one prompt per line"),
+        (["hi"] * 257, [], "has 257 lines; the limit is 256: split it"),
+        (["hi", "  ", "there"], [], "Line 2 of"),
+        (["hi", "x" * 50_001], [], "Line 2 of"),
+        (["hi"], ["--batch-size", "33"], "batch-size must be between 1 and 32"),
+        (["hi"], ["--batch-size", "0"], "batch-size must be between 1 and 32"),
+        (["hi"], ["--num-candidates", "9"], "num-candidates must be between 1 and 8"),
+    ],
+)
+def test_bad_prompts_files_and_batch_settings_exit_2_before_anything_runs(tmp_path, lines, arguments, message, capsys):
+    path = tmp_path / "prompts.txt"
+    if lines is not None:
+        path.write_text("\n".join(lines))
+    assert main(["generate", "--prompts-file", str(path), *arguments]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error: ") and message in error[0]
+
+
+def test_prompts_file_prints_one_json_object_per_prompt_equal_to_single_runs(offline_model, tmp_path, capsys):
+    texts = [PROMPT, "Repeat: red green blue red green blue", "Count from 1 to 12."]
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(texts))
+    assert (
+        main(
+            [
+                "generate",
+                "--prompts-file",
+                str(path),
+                "--batch-size",
+                "2",
+                "--num-candidates",
+                "2",
+                "--max-new-tokens",
+                "16",
+            ]
+        )
+        == 0
+    )
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2]
+    for record in records:
+        assert (
+            main(
+                ["generate", "--prompt", record["prompt"], "--max-new-tokens", "16", "--num-candidates", "2", "--json"]
+            )
+            == 0
+        )
+        alone = json.loads(capsys.readouterr().out)
+        assert record["generated_token_ids"] == alone["generated_token_ids"]
+        assert set(record) >= set(alone) and "candidates" in record["rounds"][0]

@@ -14,7 +14,6 @@ from specdemo.config import SamplingConfig
 from specdemo.rejection import (
     PADDING_ID,
     RejectionResult,
-    greedy_verify,
     reference_rejection_sample,
     rejection_sample,
     residual_probs,
@@ -480,25 +479,3 @@ def test_nothing_drafted_emits_one_token_from_the_first_target_distribution():
     emitted, counts = reference_rejection_sample(*few, row_generators(range(8)))
     batched = rejection_sample(*few, generator=row_generators(range(8)))
     assert torch.equal(batched.token_ids, pad_rows(emitted, 1)) and counts == [0] * 8
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_greedy_verify_is_rejection_sample_with_one_hot_distributions(seed):
-    """The temperature-0 special case gives bitwise the same result and draws as the general sampler."""
-    generator = torch.Generator().manual_seed(seed)
-    batch_size, num_draft, vocab_size = 64, 5, 20
-    target_ids = torch.randint(vocab_size, (batch_size, num_draft + 1), generator=generator)  # [B, K+1]
-    agrees = torch.rand(batch_size, num_draft, generator=generator) < 0.7  # each draft matches with 0.7
-    other = target_ids[:, :num_draft] + torch.randint(1, vocab_size, (batch_size, num_draft), generator=generator)
-    draft_ids = torch.where(agrees, target_ids[:, :num_draft], other % vocab_size)  # [B, K]
-    one_hot = torch.nn.functional.one_hot
-    general = rejection_sample(
-        draft_ids,
-        one_hot(draft_ids, vocab_size).float(),
-        one_hot(target_ids, vocab_size).float(),
-        generator=row_generators(list(range(64))),
-    )
-    special = greedy_verify(draft_ids, target_ids, generator=row_generators(list(range(64))))
-    assert set(special.num_accepted.tolist()) == set(range(num_draft + 1))  # every outcome occurred
-    for field in RejectionResult.__dataclass_fields__:
-        assert torch.equal(getattr(special, field), getattr(general, field)), field

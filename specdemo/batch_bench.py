@@ -1,0 +1,113 @@
+"""Batch benchmark: aggregate tokens/s of our batched target-only and speculative decoding per batch size B and
+candidates W, against Hugging Face generate batched at the same B, interleaved in one process, medians."""
+
+# B = batch size, T = the longest prompt, W = num_candidates
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.decoding import batch_generate
+from specdemo.drafters import Drafter, NoDrafter
+from specdemo.models import LoadedModel, chat_prompt_ids
+from specdemo.pairs import make_drafter
+from specdemo.prompts import BenchPrompt
+
+HF_BATCHED, TARGET_ONLY = "HF generate batched", "target-only (ours)"
+
+
+def _ours(target: LoadedModel, drafter: Drafter, prompts: list[list[int]], speculative: SpeculativeConfig) -> dict:
+    greedy = [SamplingConfig()] * len(prompts)
+    rows: dict[int, list] = {}
+    started = time.perf_counter()
+    for index, round_ in batch_generate(
+        target.model, drafter, prompts, greedy, speculative, target.eos_token_ids, len(prompts)
+    ):
+        rows.setdefault(index, []).append(round_)
+    seconds = time.perf_counter() - started
+    tokens = sum(len(r.emitted_token_ids) for rounds in rows.values() for r in rounds)
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_pass": tokens / sum(map(len, rows.values()))}
+
+
+def _hf_batched(target: LoadedModel, prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """generate(do_sample=False) on the left-padded batch; tokens counted up to each row's EOS."""
+    eos, width = target.eos_token_ids, max(map(len, prompts))
+    pad = min(eos)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # [B, T]
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    started = time.perf_counter()
+    with torch.inference_mode():
+        output = target.model.generate(
+            input_ids.to(target.device),
+            attention_mask=attention_mask.to(target.device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+        )
+    seconds = time.perf_counter() - started
+    tokens = 0
+    for row in output[:, width:].tolist():
+        tokens += next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+    return {"seconds": seconds, "tokens": tokens}
+
+
+def run_batch_bench(
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    speculative: SpeculativeConfig,
+    prompts: tuple[BenchPrompt, ...],
+    batch_sizes: list[int],
+    candidates: list[int],
+    repeats: int,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Per B, the first B prompts (the set repeated when shorter); every method once per repeat, interleaved."""
+    encoded = [chat_prompt_ids(target, p.text)[0].tolist() for p in prompts]
+    results = []
+    for batch_size in batch_sizes:
+        batch = [encoded[i % len(encoded)] for i in range(batch_size)]
+        methods = {
+            HF_BATCHED: lambda b=batch: _hf_batched(target, b, speculative.max_new_tokens),
+            TARGET_ONLY: lambda b=batch: _ours(target, NoDrafter(), b, speculative),
+        }
+        for w in candidates:
+            spec_w = replace(speculative, num_candidates=w)
+            methods[f"speculative W={w} (ours)"] = lambda b=batch, s=spec_w: _ours(
+                target, make_drafter(target, draft, s), b, s
+            )
+        for method in methods.values():  # warm-up
+            method()
+        runs: dict[str, list[dict]] = {name: [] for name in methods}
+        for _ in range(repeats):
+            for name, method in methods.items():
+                runs[name].append(method())
+        row = {"batch_size": batch_size}
+        for name, measured in runs.items():
+            row[name] = {
+                "tokens_per_second": statistics.median(m["tokens"] / m["seconds"] for m in measured),
+                "tokens": measured[-1]["tokens"],
+                **({"tokens_per_pass": measured[-1]["tokens_per_pass"]} if "tokens_per_pass" in measured[-1] else {}),
+            }
+        log(batch_table([row], list(methods)))
+        results.append(row)
+    return {"rows": results, "methods": list(methods)}
+
+
+def batch_table(rows: list[dict], names: list[str]) -> str:
+    """Aggregate tokens/s per B (and tokens per target pass per row for ours)."""
+    lines = ["| B | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+    for row in rows:
+        cells = []
+        for name in names:
+            cell = f"{row[name]['tokens_per_second']:.1f}"
+            if "tokens_per_pass" in row[name]:
+                cell += f" ({row[name]['tokens_per_pass']:.2f}/pass)"
+            cells.append(cell)
+        lines.append(f"| {row['batch_size']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
