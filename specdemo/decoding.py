@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass, field
-from dataclasses import replace as dataclasses_replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -71,6 +70,9 @@ class Round:
     @property
     def wall_seconds(self) -> float:
         return self.draft_seconds + self.verify_seconds + self.other_seconds
+
+
+NOTHING_DRAFTED = CandidateTrace([], [], [], [], [], [], [])  # the path of a round with no candidate (a target step)
 
 
 def _eos_cut(token_ids: list[int], eos_token_ids: frozenset[int]) -> int:
@@ -147,7 +149,6 @@ def _pad_and_verify(inputs: list[tuple[torch.Tensor, ...]]) -> CandidateVerdict:
     draws keep their meaning: test (j, w) reads j*W + w of the row's own W) and run the vmapped rule."""
     num_candidates = max(c.shape[0] for c, *_ in inputs)
     depth = max(c.shape[1] for c, *_ in inputs)
-    vocab_size = inputs[0][3].shape[-1]
     padded = []
     for candidates, lengths, draft_probs, target_probs, uniforms in inputs:
         w, k = candidates.shape
@@ -160,9 +161,7 @@ def _pad_and_verify(inputs: list[tuple[torch.Tensor, ...]]) -> CandidateVerdict:
                 torch.nn.functional.pad(candidates, (0, depth - k, 0, num_candidates - w)),
                 torch.nn.functional.pad(lengths, (0, num_candidates - w)),
                 torch.nn.functional.pad(draft_probs, (0, 0, 0, depth - k, 0, num_candidates - w)),
-                torch.nn.functional.pad(target_probs, (0, 0, 0, depth - k, 0, num_candidates - w)).expand(
-                    num_candidates, depth + 1, vocab_size
-                ),
+                torch.nn.functional.pad(target_probs, (0, 0, 0, depth - k, 0, num_candidates - w)),
                 draws,
             )
         )
@@ -251,15 +250,15 @@ class BatchDecoder:
             for b, (key, row, draft) in enumerate(zip(keys, rows, drafts, strict=True))
         ]
         other_seconds = time.perf_counter() - verified
-        return [(key, _with_other_seconds(round_, other_seconds)) for key, round_ in rounds]
+        return [(key, replace(round_, other_seconds=other_seconds)) for key, round_ in rounds]
 
     def _finish_round(
         self, b: int, key: Hashable, row: _Row, draft: Draft, verdict: CandidateVerdict, timings: dict[str, float | int]
     ) -> tuple[Hashable, Round]:
         """Row b's Round from the verdict; the row grows by its emitted tokens and leaves when it is done."""
-        candidates = _trace(verdict, b, draft) or (CandidateTrace([], [], [], [], [], [], []),)
+        candidates = _trace(verdict, b, draft)
         path, accepted = int(verdict.path[b]), int(verdict.num_accepted[b])
-        chosen = candidates[path]
+        chosen = candidates[path] if candidates else NOTHING_DRAFTED
         emitted = [*chosen.token_ids[:accepted], int(verdict.next_token_ids[b])]
         emitted = emitted[: _eos_cut(emitted, self.eos_token_ids)]
         has_next = len(emitted) > accepted  # False after an accepted EOS: no bonus token follows it
@@ -277,7 +276,7 @@ class BatchDecoder:
             next_token_prob=float(verdict.next_token_probs[b]) if has_next else None,
             num_input_tokens=self.verifier.last_input_lengths[key],
             other_seconds=0.0,
-            candidates=candidates if draft.token_ids else (),
+            candidates=candidates,
             path=path,
             **timings,
         )
@@ -287,10 +286,6 @@ class BatchDecoder:
         if row.num_generated >= row.speculative.max_new_tokens or emitted[-1] in self.eos_token_ids:
             self.remove(key)
         return key, round_
-
-
-def _with_other_seconds(round_: Round, other_seconds: float) -> Round:
-    return dataclasses_replace(round_, other_seconds=other_seconds)
 
 
 def batch_generate(

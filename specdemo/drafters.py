@@ -122,6 +122,8 @@ class ModelDrafter:
         beams = [[[] for _ in range(r.num_candidates)] for r in requests]  # per row, W lists of drafted tokens
         probs: list[list[torch.Tensor]] = [[] for _ in requests]  # per row, K x [W, V]
         forward_before = self.cached.forward_seconds
+        samplings = [self.sampling or r.sampling for r in requests]
+        warpers = [build_warpers(sampling) for sampling in samplings]  # once per row, not per step
         for step in range(max((r.num_draft_tokens for r in requests), default=0)):
             drafting = [i for i, r in enumerate(requests) if step < r.num_draft_tokens]
             logits = self.cached.logits(
@@ -133,13 +135,12 @@ class ModelDrafter:
             step_probs, uniforms = [], []
             for i, row_logits in zip(drafting, logits, strict=True):
                 request = requests[i]
-                sampling = self.sampling or request.sampling
                 contexts = torch.tensor([request.sequence_ids + beam for beam in beams[i]], device=row_logits.device)
                 row_probs = logits_to_probs(  # [W, 1, V_draft] -> [W, V], q = 0 for the target's extra ids
                     row_logits[:, None, : self.vocab_size].expand(len(beams[i]), 1, -1),
                     contexts,
-                    sampling,
-                    build_warpers(sampling),
+                    samplings[i],
+                    warpers[i],
                 )[:, 0]
                 step_probs.append(torch.nn.functional.pad(row_probs, (0, self.vocab_size - row_probs.shape[-1])))
                 uniforms.append(torch.rand(len(beams[i]), dtype=torch.float64, generator=request.generator))
@@ -155,8 +156,8 @@ class ModelDrafter:
         return [
             Draft(
                 row_beams,
-                None if not row_probs or (self.sampling or r.sampling).is_greedy else torch.stack(row_probs, dim=1),
+                None if not row_probs or sampling.is_greedy else torch.stack(row_probs, dim=1),
                 forward_seconds,
             )  # [W, K, V]
-            for r, row_beams, row_probs in zip(requests, beams, probs, strict=True)
+            for sampling, row_beams, row_probs in zip(samplings, beams, probs, strict=True)
         ]

@@ -126,10 +126,14 @@ class TreeCachedModel:
         and make the rest holes. Returns, per branch, (tokens already cached, the slot they end at)."""
         row, trunk = self.rows[b], request.trunk_ids
         assert trunk[: len(row.trunk_ids)] == row.trunk_ids, "a row's sequence may only grow"
-        tree_slots = ((self.tokens[b] != HOLE) & (self.parents[b] != NO_PARENT)).nonzero().flatten().tolist()
+        region = slice(self.settled, None)  # tree slots lie past `settled` only
+        is_tree = (self.tokens[b, region] != HOLE) & (self.parents[b, region] != NO_PARENT)
+        tree_slots = (is_tree.nonzero().flatten() + self.settled).tolist()
         children: dict[int, dict[int, int]] = {}
-        for slot in tree_slots:
-            children.setdefault(int(self.parents[b, slot]), {}).setdefault(int(self.tokens[b, slot]), slot)
+        for slot, parent, token in zip(
+            tree_slots, self.parents[b, tree_slots].tolist(), self.tokens[b, tree_slots].tolist(), strict=True
+        ):
+            children.setdefault(parent, {}).setdefault(token, slot)
         needs_trunk_logits = request.logits_for == "all" or not request.branch_ids
         if needs_trunk_logits and len(row.trunk_ids) == len(trunk):  # asked again: the last token is fed again
             self.tokens[b, row.trunk_end] = HOLE
@@ -173,12 +177,13 @@ class TreeCachedModel:
             self.tokens = self._gather(self.tokens, index, 1)
             self.tokens[:, self.settled :].masked_fill_(padding.reshape(len(kept), width).to(self.device), HOLE)
             self.positions = self._gather(self.positions, index, 1)
-            parents = self._gather(self.parents, index, 1).tolist()
+            self.parents = self._gather(self.parents, index, 1)
+            parents = self.parents[:, self.settled :].tolist()  # parents before `settled` are NO_PARENT: no move
             for b, mapping in enumerate(moved):
                 parents[b] = [mapping.get(p, p) for p in parents[b]]
                 self.rows[b].trunk_end = mapping.get(self.rows[b].trunk_end, self.rows[b].trunk_end)
                 starts[b] = [(matched, mapping.get(slot, slot)) for matched, slot in starts[b]]
-            self.parents = torch.tensor(parents, dtype=torch.long, device=self.device).reshape(len(kept), -1)
+            self.parents[:, self.settled :] = torch.tensor(parents, dtype=torch.long).reshape(len(kept), width)
             self.parents.masked_fill_(self.tokens == HOLE, NO_PARENT)
         is_tree = (self.tokens[:, self.settled :] != HOLE) & (self.parents[:, self.settled :] != NO_PARENT)
         if is_tree.numel():
@@ -311,7 +316,7 @@ class TreeCachedModel:
         for kind in self.layer_kinds:
             allowed = visible
             if kind == "sliding_attention":
-                behind = self.positions[:, None, -num_new:, None].squeeze(1) - self.positions[:, None, :]
+                behind = self.positions[:, -num_new:, None] - self.positions[:, None, :]  # [B, n, L]
                 allowed = visible & (behind < self.sliding_window)
             masks[kind] = self._mask_format(allowed[:, None])
         return masks
