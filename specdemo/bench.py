@@ -16,12 +16,12 @@ from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
-from specdemo.kv_cache import KVCachedModel
 from specdemo.models import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, make_drafter
 from specdemo.prompts import PROMPTS, BenchPrompt
 from specdemo.rejection import reference_rejection_sample, rejection_sample
 from specdemo.stats import compare_runs, emitted_ids, run_stats
+from specdemo.tree_cache import RowRequest, TreeCachedModel
 
 ACCOUNTING_TOLERANCE = 0.05  # tokens per pass / round cost must reproduce the wall-clock speedup this closely
 TARGET_ONLY, SPECULATIVE, HF_GENERATE = "target-only (ours)", "speculative (ours)", "HF generate"
@@ -227,17 +227,17 @@ def bench_pass_costs(
     model: PreTrainedModel, context_tokens: int = 200, sizes: tuple[int, ...] = (1, 2, 4, 6, 8), repeats: int = 10
 ) -> dict[int, float]:
     """t(k) / t(1): one cached forward over k new tokens after a context_tokens prompt, through the engine's own
-    KVCachedModel (each pass rolls the last one back), medians of `repeats` after one warm-up each."""
-    cached = KVCachedModel(model)
+    cache as verification feeds it (the sequence's last token and a k-1 token draft, dropped again at the next
+    pass), medians of `repeats` after one warm-up each."""
+    cached = TreeCachedModel(model)
     generator = torch.Generator().manual_seed(0)
-    context = torch.randint(model.config.vocab_size, (1, context_tokens), generator=generator)  # [1, T]
-    cached.logits(context.to(model.device), 1)  # the prompt, cached once
+    context = torch.randint(model.config.vocab_size, (context_tokens,), generator=generator).tolist()
     seconds = {}
     for size in sizes:
         timings = []
         for _ in range(repeats + 1):
-            fresh = torch.randint(model.config.vocab_size, (1, size), generator=generator)  # unlike the last pass
-            cached.logits(torch.cat([context, fresh], dim=1).to(model.device), size)  # [1, T + k]
+            draft = torch.randint(model.config.vocab_size, (size - 1,), generator=generator).tolist()
+            cached.logits({0: RowRequest(context, [draft] if draft else [], "all")})
             timings.append(cached.last_forward_seconds)
         seconds[size] = statistics.median(timings[1:])
     return {size: seconds[size] / seconds[sizes[0]] for size in sizes}

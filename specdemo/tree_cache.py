@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
-
-from specdemo.kv_cache import synchronize
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
 HOLE = -1  # the token of a slot nobody may attend to: padding, a rejected draft, a branch no longer asked for
 NO_PARENT = -1  # the parent of trunk slots (visible to every later slot) and of holes
@@ -39,19 +37,27 @@ class _Row:
     trunk_end: int  # the slot of the trunk's last token (-1 before the first pass)
 
 
-def layer_masks_needed(model: PreTrainedModel) -> tuple[str, ...]:
-    """The attention kinds of the model's layers; refuses a kind this cache cannot mask exactly."""
-    config = model.config
+def attention_kinds(name: str, config: PretrainedConfig) -> tuple[str, ...]:
+    """The attention kinds of the model's layers. A layer of any other kind (linear attention, Mamba) keeps a
+    recurrent state that cannot be split into rows and branches or rolled back past a rejected draft: refused."""
     kinds = getattr(config, "layer_types", None) or (
         ["sliding_attention"] if getattr(config, "sliding_window", None) else ["full_attention"]
     )
     unknown = sorted(set(kinds) - set(MASKED_LAYER_TYPES))
     if unknown:
         raise ValueError(
-            f"'{config.model_type}' has {', '.join(unknown)} layers, which the batched engine cannot mask: "
-            "pick a model whose layers use full or sliding-window attention."
+            f"'{name}' has {', '.join(unknown)} layers, which keep a recurrent state that cannot be rolled back after "
+            "a rejected draft token, so it cannot take part in speculative decoding here: pick an attention-only model."
         )
     return tuple(sorted(set(kinds)))
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a timer around it measures the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 class TreeCachedModel:
@@ -68,7 +74,7 @@ class TreeCachedModel:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.device = model.device
-        self.layer_kinds = layer_masks_needed(model)
+        self.layer_kinds = attention_kinds(model.config.name_or_path or model.config.model_type, model.config)
         self.sliding_window = getattr(model.config, "sliding_window", None)
         self.cache = DynamicCache()  # full layers: nothing is dropped behind the holes
         self.row_keys: list[Hashable] = []

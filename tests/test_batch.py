@@ -1,9 +1,7 @@
-"""The batched engine: the tree cache's logits equal uncached ones through joins, holes and sliding windows; every row
-of a ragged batch emits exactly what it emits alone; W = 1 is the single-chain algorithm; the real model in float32."""
+"""The batched engine: every row of a ragged batch emits exactly what it emits alone; W = 1 is the single-chain
+algorithm; the real model in float32 equals alone or differs at a near-tie."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 import torch
@@ -14,9 +12,7 @@ from specdemo.drafters import ModelDrafter, NgramDrafter, find_ngram_continuatio
 from specdemo.rejection import rejection_sample
 from specdemo.sampling import build_warpers, logits_to_probs, sample_from_probs
 from specdemo.stats import emitted_ids
-from specdemo.tree_cache import RowRequest, TreeCachedModel
-from tests.conftest import TINY_VOCAB, tiny_model
-from tests.test_kv_cache import tiny_gemma
+from tests.conftest import TINY_VOCAB
 
 EOS = frozenset([1])
 PROMPTS = [[0, 5, 9, 5, 9, 12, 7, 5, 9], [0, 3], [0, 10, 19, 5, 21, 5, 13, 13, 21, 4, 4, 7, 4, 4], [0, 8, 8, 8]]
@@ -26,41 +22,6 @@ SETTINGS = [  # per row: settings (with the row's seed) and max_new_tokens
     (SamplingConfig(temperature=0.8, repetition_penalty=1.3, seed=2), 25),
     (SamplingConfig(temperature=1.2, top_p=0.9, seed=3), 18),
 ]
-
-
-@pytest.mark.parametrize("model_kind", ["llama", "gemma-window-8"])
-def test_tree_cache_logits_equal_uncached_logits(model_kind):
-    """Random rows join, sit passes out, grow through their branches and leave; logits stay those of the row alone,
-    also for a sliding-window model far past its window (holes in the cache must not count as tokens)."""
-    model = tiny_model(0) if model_kind == "llama" else tiny_gemma(1)
-    cached, rng, worst = TreeCachedModel(model), random.Random(0), 0.0
-    rows = {key: [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 9))] for key in range(3)}
-    for step in range(40):
-        if step == 10:
-            rows[7] = [rng.randrange(TINY_VOCAB) for _ in range(5)]  # joins
-        if step == 20:
-            rows.pop(0)
-            cached.drop(0)  # leaves
-        keys = [key for key in rows if rng.random() < 0.8] or list(rows)  # the others sit this pass out
-        asked = {}
-        for key in keys:
-            branches = [[rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(0, 3))]
-            asked[key] = RowRequest(rows[key], branches, rng.choice(["all", "tips"]))
-        for (key, request), logits in zip(asked.items(), cached.logits(asked), strict=True):
-            for w, branch in enumerate(request.branch_ids or [[]]):
-                depths = range(len(branch) + 1) if request.logits_for == "all" else [len(branch)]
-                for depth in depths:
-                    got = logits[w, depth] if request.logits_for == "all" else logits[w]
-                    with torch.inference_mode():
-                        alone = model(torch.tensor([request.trunk_ids + branch[:depth]])).logits[0, -1]
-                    worst = max(worst, float((got - alone).abs().max()))
-            if request.branch_ids and request.logits_for == "all" and rng.random() < 0.6:
-                branch = rng.choice(request.branch_ids)  # the row accepts part of a branch, as after a round
-                rows[key] = rows[key] + branch[: rng.randint(0, len(branch))] + [rng.randrange(TINY_VOCAB)]
-            elif request.logits_for == "all":
-                rows[key] = rows[key] + [rng.randrange(TINY_VOCAB)]
-    assert worst < 1e-9
-    assert max(map(len, rows.values())) > 8 * 3, "the rows never passed the sliding window several times over"
 
 
 def run_alone(target, drafter, prompt, sampling, spec) -> list:

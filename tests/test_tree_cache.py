@@ -1,24 +1,27 @@
-"""The KV cache's implicit rollback: dropped draft positions on a tiny Llama, and past a sliding window on a tiny
-random Gemma 3 (window 8) and the offline Gemma 3 270M (window 512)."""
+"""The tree KV cache: logits equal to uncached ones through joins, branches, holes and departures, on a tiny Llama and
+past a sliding window on a tiny random Gemma 3 (window 8); decoding past the window on the offline Gemma 3 270M
+(window 512); recurrent models refused at load."""
 
 # T = sequence length, N = positions whose logits are kept, V = vocab_size
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedModel, Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
 from specdemo.__main__ import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
-from specdemo.kv_cache import KVCachedModel, check_rollback
-from specdemo.models import LoadedModel, chat_prompt_ids, load_model, warm_up
+from specdemo.models import LoadedModel, chat_prompt_ids, load_model
 from specdemo.offline import OFFLINE_MODELS, package_dir
 from specdemo.pairs import make_drafter
 from specdemo.stats import emitted_ids
-from tests.conftest import hf_greedy
+from specdemo.tree_cache import RowRequest, TreeCachedModel, attention_kinds
+from tests.conftest import hf_greedy, tiny_model
 
 GREEDY = SamplingConfig()
 NO_EOS: frozenset[int] = frozenset()
@@ -36,34 +39,6 @@ def order_lines_prompt(num_lines: int) -> str:
         for i in range(num_lines)
     ]
     return f"Copy these {num_lines} order lines exactly, one per line, in the same order:\n" + "\n".join(lines)
-
-
-def fresh_logits(model: PreTrainedModel, ids: torch.Tensor, num_logits: int) -> torch.Tensor:  # [1, N, V]
-    """An uncached forward of the whole sequence (a sliding window then comes from the mask alone)."""
-    with torch.inference_mode():
-        return model(input_ids=ids, use_cache=False).logits[:, -num_logits:]
-
-
-def test_rollback_drops_rejected_positions(tiny_target):
-    cached = KVCachedModel(tiny_target)
-    prefix = torch.tensor([[0, 4, 8, 15, 16]])
-    proposed = torch.cat([prefix, torch.tensor([[23, 31, 7]])], dim=1)  # three draft tokens
-    cached.logits(proposed, num_logits=4)
-    assert cached.cache.get_seq_length() == 8
-    # The target kept one draft and replaced the second: the cache must forget 31 and 7.
-    corrected = torch.cat([prefix, torch.tensor([[23, 3]])], dim=1)
-    logits = cached.logits(corrected, num_logits=1)
-    assert cached.last_input_length == 1  # only the new token was fed
-    assert cached.cache.get_seq_length() == corrected.shape[1]
-    torch.testing.assert_close(logits[:, -1], fresh_logits(tiny_target, corrected, 1)[:, -1], rtol=0, atol=1e-10)
-
-
-def test_all_positions_of_a_verification_match_a_fresh_pass(tiny_target):
-    cached = KVCachedModel(tiny_target)
-    ids = torch.tensor([[0, 4, 8, 15, 16, 23, 31]])
-    cached.logits(ids[:, :4], num_logits=1)
-    logits = cached.logits(ids, num_logits=3)  # [1, 3, V] for the three new positions 4..6
-    torch.testing.assert_close(logits, fresh_logits(tiny_target, ids, 3), rtol=0, atol=1e-10)
 
 
 def tiny_gemma(seed: int, num_layers: int = 4) -> Gemma3ForCausalLM:
@@ -104,26 +79,39 @@ def rejections_past(rounds: list[Round], prompt_length: int, window: int) -> lis
     return positions
 
 
-def test_tiny_cache_rolls_back_past_the_window(gemma_target):
-    """Each step is a call the decoding loops make; after each, the cached logits equal a fresh full pass."""
-    ids = torch.randint(2, TINY_VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))  # [1, 40]
-    cached = KVCachedModel(gemma_target)
-    steps = [
-        (ids[:, :20], 1),  # a prompt 2.5 windows long
-        (ids[:, :25], 5),  # verify 4 drafts + bonus
-        (torch.cat([ids[:, :22], ids[:, 30:31]], dim=1), 1),  # 2 accepted, 2 rejected: crop 3, feed the resampled
-        (ids[:, :22], 1),  # a draft model's next step after a rejection: crop 1
-        (ids[:, :23], 1),
-        (ids[:, :24], 1),
-        (ids[:, :26], 2),  # all accepted: feed the last draft and the bonus
-        (ids[:, :21], 1),  # back past the tokens fed since the last crop: the cache starts over
-        (ids[:, :40], 19),
-    ]
-    for sequence_ids, num_logits in steps:
-        logits = cached.logits(sequence_ids, num_logits)  # [1, N, V]
-        assert cached.cache.get_seq_length() == sequence_ids.shape[1]
-        torch.testing.assert_close(logits, fresh_logits(gemma_target, sequence_ids, num_logits), rtol=0, atol=1e-9)
-    assert cached.last_input_length == 19  # ids[:, :21] was still cached after the restart
+@pytest.mark.parametrize("model_kind", ["llama", "gemma-window-8"])
+def test_tree_cache_logits_equal_uncached_logits(model_kind):
+    """Random rows join, sit passes out, grow through their branches and leave; logits stay those of the row alone,
+    also for a sliding-window model far past its window (holes in the cache must not count as tokens)."""
+    model = tiny_model(0) if model_kind == "llama" else tiny_gemma(1)
+    cached, rng, worst = TreeCachedModel(model), random.Random(0), 0.0
+    rows = {key: [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 9))] for key in range(3)}
+    for step in range(40):
+        if step == 10:
+            rows[7] = [rng.randrange(TINY_VOCAB) for _ in range(5)]  # joins
+        if step == 20:
+            rows.pop(0)
+            cached.drop(0)  # leaves
+        keys = [key for key in rows if rng.random() < 0.8] or list(rows)  # the others sit this pass out
+        asked = {}
+        for key in keys:
+            branches = [[rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(0, 3))]
+            asked[key] = RowRequest(rows[key], branches, rng.choice(["all", "tips"]))
+        for (key, request), logits in zip(asked.items(), cached.logits(asked), strict=True):
+            for w, branch in enumerate(request.branch_ids or [[]]):
+                depths = range(len(branch) + 1) if request.logits_for == "all" else [len(branch)]
+                for depth in depths:
+                    got = logits[w, depth] if request.logits_for == "all" else logits[w]
+                    with torch.inference_mode():
+                        alone = model(torch.tensor([request.trunk_ids + branch[:depth]])).logits[0, -1]
+                    worst = max(worst, float((got - alone).abs().max()))
+            if request.branch_ids and request.logits_for == "all" and rng.random() < 0.6:
+                branch = rng.choice(request.branch_ids)  # the row accepts part of a branch, as after a round
+                rows[key] = rows[key] + branch[: rng.randint(0, len(branch))] + [rng.randrange(TINY_VOCAB)]
+            elif request.logits_for == "all":
+                rows[key] = rows[key] + [rng.randrange(TINY_VOCAB)]
+    assert worst < 1e-9
+    assert max(map(len, rows.values())) > 8 * 3, "the rows never passed the sliding window several times over"
 
 
 def test_tiny_greedy_parity_past_the_window(gemma_target):
@@ -140,7 +128,7 @@ def test_tiny_greedy_parity_past_the_window(gemma_target):
 
 
 def test_a_recurrent_state_is_refused_before_any_run(gemma_target):
-    """Linear-attention layers keep a recurrent state that crop cannot restore: refused, with one sentence."""
+    """Linear-attention layers keep a recurrent state that cannot be rolled back: refused, with one sentence."""
     config = Qwen3NextConfig(
         vocab_size=TINY_VOCAB,
         hidden_size=32,
@@ -161,9 +149,11 @@ def test_a_recurrent_state_is_refused_before_any_run(gemma_target):
     )
     torch.manual_seed(0)
     recurrent = Qwen3NextForCausalLM(config).eval()
-    with pytest.raises(ValueError, match=r"'tiny-qwen3-next' keeps a recurrent state .* pick an attention-only model"):
-        check_rollback("tiny-qwen3-next", warm_up(recurrent))
-    check_rollback("tiny-gemma", warm_up(gemma_target))  # sliding windows roll back: accepted
+    with pytest.raises(ValueError, match=r"'tiny-qwen3-next' has linear_attention layers, .* an attention-only model"):
+        attention_kinds("tiny-qwen3-next", recurrent.config)
+    with pytest.raises(ValueError, match="linear_attention"):
+        TreeCachedModel(recurrent)
+    assert attention_kinds("tiny-gemma", gemma_target.config) == ("full_attention", "sliding_attention")
 
 
 GEMMA = "gemma-3-270m"
