@@ -27,7 +27,13 @@ from specdemo.config import (
 )
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
 from specdemo.model_cache import ModelCache
-from specdemo.models import LOCAL_PATHS_VARIABLE, OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids
+from specdemo.models import (
+    LOCAL_PATHS_VARIABLE,
+    OFFLINE_DEFAULT,
+    LoadedModel,
+    bound_allocator_arenas,
+    chat_prompt_ids,
+)
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, Pair, custom_pair, find_pair, load_pair, make_drafter
 from specdemo.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
 from specdemo.render import LEGEND_HTML, TOKEN_CSS, html_spans, round_spans, summary_markdown
@@ -200,6 +206,7 @@ def check_settings(*values: object) -> None:
 def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
     """The whole page. `cache` holds loaded models across runs and users (a fresh one by default)."""
     cache = cache or ModelCache(pinned=OFFLINE_DEFAULT)
+    bound_allocator_arenas()  # before the queue starts its worker threads
     # The default pair is ready before the first visitor (and ZeroGPU wants models loaded outside GPU functions).
     load_pair(DEFAULT_PAIR, cache, progress=print)
 
