@@ -273,7 +273,10 @@ def batch_bench_command(args: argparse.Namespace, prompts: tuple) -> int:
         check_batch_size(batch_size)
     pair = find_pair(args.pair)
     speculative = SpeculativeConfig(
-        num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens, min_ngram_size=args.min_ngram_size
+        num_draft_tokens=args.num_draft_tokens,
+        max_new_tokens=args.max_new_tokens,
+        min_ngram_size=args.min_ngram_size,
+        draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
     )
     for w in candidates:
         replace(speculative, num_candidates=w)  # refuses W outside its limits before any model loads

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import torch
 
+from specdemo.bench import TARGET_ONLY
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import batch_generate
 from specdemo.drafters import Drafter, NoDrafter
@@ -19,15 +20,18 @@ from specdemo.models import LoadedModel, chat_prompt_ids
 from specdemo.pairs import make_drafter
 from specdemo.prompts import BenchPrompt
 
-HF_BATCHED, TARGET_ONLY = "HF generate batched", "target-only (ours)"
+HF_BATCHED = "HF generate batched"
+WARM_UP_TOKENS = 8  # each method's short run at each B before timing
 
 
-def _ours(target: LoadedModel, drafter: Drafter, prompts: list[list[int]], speculative: SpeculativeConfig) -> dict:
+def _ours(
+    target: LoadedModel, drafter: Drafter, prompts: list[list[int]], batch_size: int, speculative: SpeculativeConfig
+) -> dict:
     greedy = [SamplingConfig()] * len(prompts)
     rows: dict[int, list] = {}
     started = time.perf_counter()
     for index, round_ in batch_generate(
-        target.model, drafter, prompts, greedy, speculative, target.eos_token_ids, len(prompts)
+        target.model, drafter, prompts, greedy, speculative, target.eos_token_ids, batch_size
     ):
         rows.setdefault(index, []).append(round_)
     seconds = time.perf_counter() - started
@@ -35,25 +39,27 @@ def _ours(target: LoadedModel, drafter: Drafter, prompts: list[list[int]], specu
     return {"seconds": seconds, "tokens": tokens, "tokens_per_pass": tokens / sum(map(len, rows.values()))}
 
 
-def _hf_batched(target: LoadedModel, prompts: list[list[int]], max_new_tokens: int) -> dict:
-    """generate(do_sample=False) on the left-padded batch; tokens counted up to each row's EOS."""
-    eos, width = target.eos_token_ids, max(map(len, prompts))
-    pad = min(eos)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # [B, T]
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    started = time.perf_counter()
-    with torch.inference_mode():
-        output = target.model.generate(
-            input_ids.to(target.device),
-            attention_mask=attention_mask.to(target.device),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad,
-        )
-    seconds = time.perf_counter() - started
-    tokens = 0
-    for row in output[:, width:].tolist():
-        tokens += next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+def _hf_batched(target: LoadedModel, prompts: list[list[int]], batch_size: int, max_new_tokens: int) -> dict:
+    """generate(do_sample=False) on left-padded static batches of batch_size; tokens counted up to each row's EOS."""
+    eos, pad = target.eos_token_ids, min(target.eos_token_ids)
+    tokens, seconds = 0, 0.0
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start : start + batch_size]
+        width = max(map(len, batch))
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])  # [B, T]
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        started = time.perf_counter()
+        with torch.inference_mode():
+            output = target.model.generate(
+                input_ids.to(target.device),
+                attention_mask=attention_mask.to(target.device),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad,
+            )
+        seconds += time.perf_counter() - started
+        for row in output[:, width:].tolist():
+            tokens += next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
     return {"seconds": seconds, "tokens": tokens}
 
 
@@ -67,27 +73,35 @@ def run_batch_bench(
     repeats: int,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Per B, the first B prompts (the set repeated when shorter); every method once per repeat, interleaved."""
+    """Every B decodes the same work: all the prompts (repeated up to the largest B when fewer), at most B at a time.
+    Hugging Face generate takes them in static batches of B; ours refills a finished row's place at the next round
+    (continuous batching). Every method runs once per repeat, interleaved, after a short warm-up at that B."""
     encoded = [chat_prompt_ids(target, p.text)[0].tolist() for p in prompts]
+    work = [encoded[i % len(encoded)] for i in range(max(len(encoded), *batch_sizes))]
     results = []
     for batch_size in batch_sizes:
-        batch = [encoded[i % len(encoded)] for i in range(batch_size)]
-        methods = {
-            HF_BATCHED: lambda b=batch: _hf_batched(target, b, speculative.max_new_tokens),
-            TARGET_ONLY: lambda b=batch: _ours(target, NoDrafter(), b, speculative),
-        }
-        for w in candidates:
-            spec_w = replace(speculative, num_candidates=w)
-            methods[f"speculative W={w} (ours)"] = lambda b=batch, s=spec_w: _ours(
-                target, make_drafter(target, draft, s), b, s
-            )
-        for method in methods.values():  # warm-up
+
+        def methods_for(max_new_tokens: int, b: int = batch_size) -> dict[str, Callable[[], dict]]:
+            budget = replace(speculative, max_new_tokens=max_new_tokens)
+            methods = {
+                HF_BATCHED: lambda: _hf_batched(target, work, b, max_new_tokens),
+                TARGET_ONLY: lambda: _ours(target, NoDrafter(), work, b, budget),
+            }
+            for w in candidates:
+                spec_w = replace(budget, num_candidates=w)
+                methods[f"speculative W={w} (ours)"] = lambda s=spec_w: _ours(
+                    target, make_drafter(target, draft, s), work, b, s
+                )
+            return methods
+
+        for method in methods_for(WARM_UP_TOKENS).values():
             method()
+        methods = methods_for(speculative.max_new_tokens)
         runs: dict[str, list[dict]] = {name: [] for name in methods}
         for _ in range(repeats):
             for name, method in methods.items():
                 runs[name].append(method())
-        row = {"batch_size": batch_size}
+        row = {"batch_size": batch_size, "num_prompts": len(work)}
         for name, measured in runs.items():
             row[name] = {
                 "tokens_per_second": statistics.median(m["tokens"] / m["seconds"] for m in measured),

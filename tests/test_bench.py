@@ -8,6 +8,7 @@ import json
 import pytest
 
 from specdemo.__main__ import main
+from specdemo.batch_bench import HF_BATCHED, run_batch_bench
 from specdemo.bench import ACCOUNTING_TOLERANCE, SPECULATIVE, TARGET_ONLY, bench_pass_costs, bench_row, run_bench
 from specdemo.config import SpeculativeConfig
 from specdemo.prompts import BenchPrompt, load_prompts
@@ -99,3 +100,24 @@ def test_speeds_count_each_methods_own_tokens():
 def test_pass_costs_time_each_size_through_the_engines_cache(tiny_target):
     costs = bench_pass_costs(tiny_target, context_tokens=20, sizes=(1, 3, 6), repeats=3)
     assert list(costs) == [1, 3, 6] and costs[1] == 1.0 and all(cost > 0 for cost in costs.values())
+
+
+def test_batch_bench_gives_every_batch_size_the_same_work(offline_model, tmp_path):
+    """Every B decodes all prompts (repeated up to the largest B), so aggregate tokens/s compare across B; greedy, in
+    float32, every method emits the same number of tokens."""
+    prompts = load_prompts(
+        write_lines(
+            tmp_path,
+            json.dumps(GOOD),
+            json.dumps({"name": "free", "grounded": False, "text": "Write two sentences about rain."}),
+        )
+    )
+    speculative = SpeculativeConfig(max_new_tokens=12)
+    results = run_batch_bench(offline_model, None, speculative, prompts, [1, 3], [1, 2], repeats=1, log=lambda _: None)
+    assert results["methods"] == [HF_BATCHED, TARGET_ONLY, "speculative W=1 (ours)", "speculative W=2 (ours)"]
+    tokens = {(row["batch_size"], name): row[name]["tokens"] for row in results["rows"] for name in results["methods"]}
+    assert [row["num_prompts"] for row in results["rows"]] == [3, 3]
+    assert len(set(tokens.values())) == 1, tokens  # the same work at B = 1 and B = 3, by every method
+    for row in results["rows"]:
+        assert row[TARGET_ONLY]["tokens_per_pass"] == 1.0
+        assert row["speculative W=1 (ours)"]["tokens_per_pass"] >= 1.0
