@@ -91,6 +91,7 @@ class _Row:
     sampling: SamplingConfig
     speculative: SpeculativeConfig
     generator: torch.Generator
+    drafting: bool  # False: the target alone, one token per round
     warpers: LogitsProcessorList = field(init=False)
     num_generated: int = 0
     num_rounds: int = 0
@@ -101,6 +102,7 @@ class _Row:
     def draft_request(self, key: Hashable) -> DraftRequest:
         # Never propose more than can be emitted: K accepted + 1 next token <= tokens still allowed.
         num_draft = min(self.speculative.num_draft_tokens, self.speculative.max_new_tokens - self.num_generated - 1)
+        num_draft = num_draft if self.drafting else 0
         draft_sampling = self.speculative.draft_sampling(self.sampling)
         return DraftRequest(
             key, self.sequence_ids, num_draft, self.speculative.num_candidates, draft_sampling, self.generator
@@ -208,10 +210,11 @@ class BatchDecoder:
         sampling: SamplingConfig,
         speculative: SpeculativeConfig,
         generator: torch.Generator | None = None,  # default: seeded from sampling.seed
+        drafting: bool = True,  # False: the row decodes with the target alone, beside rows that draft
     ) -> None:
         assert key not in self.rows and len(prompt_ids) > 0, f"row {key!r}: a new key and a non-empty prompt"
         generator = generator or torch.Generator(device=self.verifier.device).manual_seed(sampling.seed)
-        self.rows[key] = _Row(list(prompt_ids), sampling, speculative, generator)
+        self.rows[key] = _Row(list(prompt_ids), sampling, speculative, generator, drafting)
 
     def remove(self, key: Hashable) -> None:
         """The row leaves at once; the others are untouched."""
@@ -219,8 +222,11 @@ class BatchDecoder:
         self.verifier.drop(key)
         self.drafter.forget(key)
 
-    def step(self) -> list[tuple[Hashable, Round]]:
-        """One round for every row: draft, one target pass, the multi-candidate rule; finished rows leave."""
+    def step(self) -> list[tuple[Hashable, Round | Exception]]:
+        """One round for every row: draft, one target pass, the multi-candidate rule; finished rows leave.
+
+        A row whose own settings fail (its probabilities, its trace) leaves with its exception as its outcome and
+        the other rows go on; a failure of a shared pass (the drafter's, the target's) is raised, for every row."""
         started = time.perf_counter()
         keys, rows = list(self.rows), list(self.rows.values())
         requests = [row.draft_request(key) for key, row in zip(keys, rows, strict=True)]
@@ -229,6 +235,7 @@ class BatchDecoder:
         drafts = [_cut_at_eos(proposed.get(key, Draft([], None)), self.eos_token_ids) for key in keys]
         drafted = time.perf_counter()
         forward_before = self.verifier.forward_seconds
+        prefilled = self._prefill_joining(keys, rows)
         target_logits = self.verifier.logits(
             {
                 key: RowRequest(row.sequence_ids, d.token_ids, "all")
@@ -236,7 +243,16 @@ class BatchDecoder:
             }
         )  # per row [W, K+1, V]
         verified = time.perf_counter()
-        verdict = _pad_and_verify([_row_tensors(r, d, t) for r, d, t in zip(rows, drafts, target_logits, strict=True)])
+        failed: dict[Hashable, Exception] = {}
+        inputs = []
+        for key, row, draft, logits in zip(keys, rows, drafts, target_logits, strict=True):
+            try:
+                inputs.append(_row_tensors(row, draft, logits))
+            except Exception as error:  # this row's settings: it leaves, the others go on
+                failed[key] = error
+        kept = [i for i, key in enumerate(keys) if key not in failed]
+        keys, rows, drafts = [keys[i] for i in kept], [rows[i] for i in kept], [drafts[i] for i in kept]
+        verdict = _pad_and_verify(inputs) if inputs else None
         timings = dict(
             draft_seconds=drafted - started,
             verify_seconds=verified - drafted,
@@ -245,16 +261,41 @@ class BatchDecoder:
             - forward_before,
             num_rows=len(rows),
         )
-        rounds = [
-            self._finish_round(b, key, row, draft, verdict, timings)
-            for b, (key, row, draft) in enumerate(zip(keys, rows, drafts, strict=True))
-        ]
+        outcomes: list[tuple[Hashable, Round | Exception]] = []
+        for b, (key, row, draft) in enumerate(zip(keys, rows, drafts, strict=True)):
+            try:
+                outcomes.append((key, self._finish_round(b, key, row, draft, verdict, timings, prefilled)))
+            except Exception as error:
+                failed[key] = error
+        for key in failed:
+            self.remove(key)
         other_seconds = time.perf_counter() - verified
-        return [(key, replace(round_, other_seconds=other_seconds)) for key, round_ in rounds]
+        return [
+            (key, replace(outcome, other_seconds=other_seconds) if isinstance(outcome, Round) else outcome)
+            for key, outcome in outcomes
+        ] + list(failed.items())
+
+    def _prefill_joining(self, keys: list[Hashable], rows: list[_Row]) -> dict[Hashable, int]:
+        """Rows joining a running batch read their prompt (all but its last token) in a pass of their own, so the
+        round's pass is not padded to a prompt's length for every running row. Returns the tokens each read."""
+        joining = {key: row for key, row in zip(keys, rows, strict=True) if row.num_rounds == 0}
+        if len(joining) == len(rows) or not any(len(row.sequence_ids) > 1 for row in joining.values()):
+            return {}  # a new batch reads its prompts in its first round
+        asked = {key: RowRequest(row.sequence_ids[:-1], [], "tips") for key, row in joining.items()}
+        asked = {key: request for key, request in asked.items() if request.trunk_ids}
+        self.verifier.logits(asked)
+        return {key: len(request.trunk_ids) for key, request in asked.items()}
 
     def _finish_round(
-        self, b: int, key: Hashable, row: _Row, draft: Draft, verdict: CandidateVerdict, timings: dict[str, float | int]
-    ) -> tuple[Hashable, Round]:
+        self,
+        b: int,
+        key: Hashable,
+        row: _Row,
+        draft: Draft,
+        verdict: CandidateVerdict,
+        timings: dict[str, float | int],
+        prefilled: dict[Hashable, int],
+    ) -> Round:
         """Row b's Round from the verdict; the row grows by its emitted tokens and leaves when it is done."""
         candidates = _trace(verdict, b, draft)
         path, accepted = int(verdict.path[b]), int(verdict.num_accepted[b])
@@ -274,7 +315,7 @@ class BatchDecoder:
             next_token_id=emitted[-1] if has_next else None,
             next_kind=("resampled" if tested_at_end else "bonus") if has_next else None,
             next_token_prob=float(verdict.next_token_probs[b]) if has_next else None,
-            num_input_tokens=self.verifier.last_input_lengths[key],
+            num_input_tokens=self.verifier.last_input_lengths[key] + prefilled.get(key, 0),
             other_seconds=0.0,
             candidates=candidates,
             path=path,
@@ -285,7 +326,7 @@ class BatchDecoder:
         row.num_rounds += 1
         if row.num_generated >= row.speculative.max_new_tokens or emitted[-1] in self.eos_token_ids:
             self.remove(key)
-        return key, round_
+        return round_
 
 
 def batch_generate(
@@ -305,7 +346,14 @@ def batch_generate(
         while waiting and len(decoder.rows) < batch_size:
             index = waiting.pop(0)
             decoder.add(index, prompts[index], samplings[index], speculative)
-        yield from decoder.step()
+        for index, outcome in decoder.step():
+            yield index, _raised(outcome)
+
+
+def _raised(outcome: Round | Exception) -> Round:
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 def speculative_generate(
@@ -324,8 +372,8 @@ def speculative_generate(
     decoder = BatchDecoder(target, drafter, eos_token_ids)
     decoder.add(0, prompt_ids[0].tolist(), sampling, speculative, generator)
     while decoder.rows:
-        for _, round_ in decoder.step():
-            yield round_
+        for _, outcome in decoder.step():
+            yield _raised(outcome)
 
 
 def autoregressive_generate(
