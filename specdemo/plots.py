@@ -21,6 +21,7 @@ COLOURS = {
     "verify": "rgb(50,120,230)",
     "other": "rgb(150,150,150)",
     "baseline": "rgb(128,128,128)",
+    "shared": "rgb(200,90,160)",
 }
 
 
@@ -65,7 +66,8 @@ def acceptance_figure(rounds: Sequence[Round]) -> go.Figure:
 
 
 def latency_figure(rounds: Sequence[Round]) -> go.Figure:
-    """Milliseconds per round, stacked by phase: drafting, target verification, everything else."""
+    """Milliseconds per round, stacked by phase: drafting, target verification, everything else; rounds whose pass
+    was shared with other runs are marked with their number of rows."""
     numbers = [round_.index + 1 for round_ in rounds]
     figure = go.Figure(
         [
@@ -78,6 +80,20 @@ def latency_figure(rounds: Sequence[Round]) -> go.Figure:
             for phase in ("draft", "verify", "other")
         ]
     )
+    shared = [round_ for round_ in rounds if round_.num_rows > 1]
+    if shared:
+        figure.add_trace(
+            go.Scatter(
+                x=[round_.index + 1 for round_ in shared],
+                y=[1e3 * round_.wall_seconds for round_ in shared],
+                text=[f"×{round_.num_rows}" for round_ in shared],
+                mode="markers+text",
+                textposition="top center",
+                marker={"symbol": "triangle-down", "color": COLOURS["shared"]},
+                name="shared pass (×rows)",
+                hovertemplate="round %{x}: pass shared by %{text} rows<extra></extra>",
+            )
+        )
     return _layout(figure, "Latency per round by phase", xaxis="round", yaxis="ms")
 
 
@@ -141,3 +157,56 @@ def throughput_figure(rounds: Sequence[Round], baseline: Sequence[Round] = ()) -
             tokens = list(accumulate(len(round_.emitted_token_ids) for round_ in run))
             figure.add_trace(go.Scatter(x=seconds, y=tokens, name=name, mode="lines", line={"color": colour}))
     return _layout(figure, "Tokens over time", xaxis="seconds", yaxis="tokens generated")
+
+
+def _candidate_methods(sweep: dict) -> list[tuple[int, str]]:
+    """(W, method name) of the sweep's speculative methods."""
+    return [(int(name.split("W=")[1].split()[0]), name) for name in sweep["methods"] if "W=" in name]
+
+
+def batch_sweep_figure(sweep: dict, this_batch: tuple[int, float] | None = None) -> go.Figure:
+    """Aggregate tokens/s against batch size B, per method, from a measured sweep (bench --batch-sizes); with
+    `this_batch`, the (B, tokens/s) of the batch just run."""
+    sizes = [row["batch_size"] for row in sweep["rows"]]
+    figure = go.Figure(
+        [
+            go.Scatter(
+                x=sizes,
+                y=[row[name]["tokens_per_second"] for row in sweep["rows"]],
+                name=name.replace(" (ours)", ""),
+                mode="lines+markers",
+            )
+            for name in sweep["methods"]
+        ]
+    )
+    if this_batch is not None:
+        figure.add_trace(
+            go.Scatter(
+                x=[this_batch[0]],
+                y=[this_batch[1]],
+                name="this batch",
+                mode="markers",
+                marker={"symbol": "star", "size": 14, "color": COLOURS["shared"]},
+            )
+        )
+    figure.update_xaxes(type="log", tickvals=sizes)
+    return _layout(figure, "Measured: aggregate tokens/s by batch size", xaxis="batch size B", yaxis="tokens/s")
+
+
+def candidates_sweep_figure(sweep: dict) -> go.Figure:
+    """Tokens per target pass against the number of candidates W, one line per batch size, from a measured sweep."""
+    methods = _candidate_methods(sweep)
+    figure = go.Figure(
+        [
+            go.Scatter(
+                x=[w for w, _ in methods],
+                y=[row[name]["tokens_per_pass"] for _, name in methods],
+                name=f"B = {row['batch_size']}",
+                mode="lines+markers",
+            )
+            for row in sweep["rows"]
+        ]
+    )
+    figure.update_xaxes(tickvals=[w for w, _ in methods])
+    figure.update_yaxes(rangemode="tozero")  # differences read at their true size
+    return _layout(figure, "Measured: tokens per target pass by W", xaxis="candidates W", yaxis="tokens per pass")

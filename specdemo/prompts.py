@@ -124,11 +124,16 @@ def load_prompt_lines(path: str) -> list[str]:
         raise ValueError(
             f"The prompts file {path} has {len(lines)} lines; the limit is {MAX_PROMPTS_FILE_LINES}: split it."
         )
+    return check_prompt_lines(lines, f"{path}")
+
+
+def check_prompt_lines(lines: list[str], source: str) -> list[str]:
+    """Every line a prompt: an empty or bad line is refused with its number ("Line 3 of the batch is empty: ...")."""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
-            raise ValueError(f"Line {number} of {path} is empty: remove it or write a prompt on it.")
+            raise ValueError(f"Line {number} of {source} is empty: remove it or write a prompt on it.")
         try:
             check_prompt(line)
         except ValueError as error:
-            raise ValueError(f"Line {number} of {path}: {error}") from None
+            raise ValueError(f"Line {number} of {source}: {error}") from None
     return lines

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specdemo.decoding import Round
-from specdemo.stats import Comparison, RunStats
+from specdemo.stats import Comparison, RunStats, run_stats
 
 Kind = Literal["accepted", "rejected", "resampled", "bonus"]
 Decode = Callable[
@@ -113,15 +113,16 @@ def _tooltip(span: TokenSpan) -> str:
     return " · ".join(parts)
 
 
-def html_spans(spans: Sequence[TokenSpan]) -> str:
-    """Token spans as HTML, each text escaped, with a marker where every round but the first begins.
+def html_spans(spans: Sequence[TokenSpan], round_marks: bool = True) -> str:
+    """Token spans as HTML, each text escaped, with a marker where every round but the first begins (with
+    round_marks).
 
     No wrapping element, so a growing run is a growing string (Gradio then streams only the new part).
     """
     pieces: list[str] = []
     current_round = None
     for span in spans:
-        if span.round_index != current_round and span.round_index > 0:
+        if round_marks and span.round_index != current_round and span.round_index > 0:
             pieces.append(f'<span class="round-sep" title="round {span.round_index + 1}"></span>')
         current_round = span.round_index
         text = html.escape(span.text, quote=True)
@@ -271,3 +272,113 @@ def summary_markdown(
             ),
         ]
     return "\n".join(lines)
+
+
+MAX_CANDIDATE_ROUNDS = 40  # the candidates view shows the latest rounds; the trace keeps them all
+
+
+def candidates_html(rounds: Sequence[Round], decode: Decode) -> str:
+    """Each round's W candidates, one per line under the round: the accepted path first and marked, a rejected or
+    untested token struck through, every token with its p, q, min(1, p/q) and u on hover. The latest rounds only."""
+    emitted: list[int] = []
+    blocks: list[str] = []
+    first_shown = max(0, len(rounds) - MAX_CANDIDATE_ROUNDS)
+    for number, round_ in enumerate(rounds):
+        if number >= first_shown and round_.candidates:
+            lines = []
+            for w in sorted(range(len(round_.candidates)), key=lambda w: w != round_.path):
+                candidate = round_.candidates[w]
+                context, spans = list(emitted), []
+                for j, token in enumerate(candidate.token_ids):
+                    spans.append(
+                        TokenSpan(
+                            text=token_text(decode, context, token),
+                            kind="accepted" if candidate.accepted[j] else "rejected",
+                            round_index=round_.index,
+                            token_id=token,
+                            target_prob=candidate.target_probs[j],
+                            draft_prob=candidate.draft_probs[j],
+                            acceptance_prob=candidate.acceptance_probs[j],
+                            uniform=candidate.uniforms[j] if candidate.tested[j] else None,
+                        )
+                    )
+                    context.append(token)
+                on_path = w == round_.path and round_.num_accepted > 0
+                mark = "▶ accepted path" if on_path else "candidate"
+                lines.append(
+                    f'<div class="cand{" cand-path" if on_path else ""}"><span class="cand-mark">{mark} {w + 1}'
+                    f"</span>{html_spans(spans, round_marks=False)}</div>"
+                )
+            shared = f", shared by {round_.num_rows} rows" if round_.num_rows > 1 else ""
+            then = ""
+            if round_.next_token_id is not None and round_.next_kind is not None:
+                accepted = round_.draft_token_ids[: round_.num_accepted]
+                next_span = TokenSpan(
+                    text=token_text(decode, emitted + accepted, round_.next_token_id),
+                    kind=round_.next_kind,
+                    round_index=round_.index,
+                    token_id=round_.next_token_id,
+                    target_prob=round_.next_token_prob,
+                    draft_prob=None,
+                    acceptance_prob=None,
+                    uniform=None,
+                )
+                then = f", then {round_.next_kind} {html_spans([next_span], round_marks=False)}"
+            blocks.append(
+                f'<div class="cand-round"><div class="cand-head">round {round_.index + 1}: '
+                f"{round_.num_accepted} accepted{then}{shared}</div>{''.join(lines)}</div>"
+            )
+        emitted.extend(round_.emitted_token_ids)
+    if not blocks:
+        return '<p class="cand-empty">No round has drafted yet.</p>'
+    skipped = f"<p>Rounds 1 to {first_shown} are in the trace.</p>" if first_shown else ""
+    return skipped + "".join(blocks)
+
+
+CANDIDATES_CSS = """
+.cand-round { margin: 4px 0 8px; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 0.9em; }
+.cand-head { opacity: .75; }
+.cand { padding-left: 1.2em; white-space: pre-wrap; overflow-wrap: anywhere; }
+.cand-path { border-left: 3px solid rgba(34, 160, 80, .8); padding-left: calc(1.2em - 3px); font-weight: 600; }
+.cand-mark { display: inline-block; min-width: 9em; opacity: .7; font-weight: normal; }
+"""
+
+
+def sharing_note(speculative: Sequence[Round], baseline: Sequence[Round]) -> str | None:
+    """Why no speedup is shown when either run shared its passes with other runs (None when both ran alone)."""
+    shared = [r.num_rows for r in speculative if r.num_rows > 1]
+    shared_baseline = [r.num_rows for r in baseline if r.num_rows > 1]
+    if not shared and not shared_baseline:
+        return None
+    return (
+        f"**No speedup shown:** {len(shared)} of {len(speculative)} speculative rounds and {len(shared_baseline)} "
+        f"of {len(baseline)} target-alone rounds shared their model pass with other runs (up to "
+        f"{max(shared + shared_baseline)} rows), so their times include other people's work and do not compare. "
+        "Tokens per pass and α are your run's own; run again when the app is quiet for a fair speedup."
+    )
+
+
+def lanes_html(prompts: Sequence[str], rounds: Sequence[Sequence[Round]], decode: Decode) -> str:
+    """The batch view: one lane per prompt, its tokens in colour and its acceptance so far."""
+    lanes = []
+    for number, (prompt, lane_rounds) in enumerate(zip(prompts, rounds, strict=True), start=1):
+        stats = run_stats(lane_rounds) if lane_rounds else None
+        figures = (
+            f"α {stats.alpha:.2f} · {stats.num_generated} tokens · {stats.mean_tokens_per_round:.2f} tokens/pass"
+            if stats
+            else "waiting"
+        )
+        title = html.escape(prompt if len(prompt) <= 80 else prompt[:79] + "…", quote=False)
+        tokens = html_spans(token_spans(lane_rounds, decode))
+        lanes.append(
+            f'<div class="lane"><div class="lane-head"><b>{number}</b> {title} <span class="lane-figures">'
+            f'{figures}</span></div><div class="tokens">{tokens}</div></div>'
+        )
+    return "".join(lanes)
+
+
+LANES_CSS = """
+.lane { border: 1px solid rgba(128, 128, 128, .35); border-radius: 6px; padding: 6px 8px; margin: 6px 0; }
+.lane-head { font-size: 0.9em; margin-bottom: 4px; }
+.lane-figures { float: right; opacity: .75; }
+"""

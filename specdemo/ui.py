@@ -5,18 +5,18 @@ from __future__ import annotations
 import html
 import json
 import os
-import queue
 import tempfile
-import threading
 import time
 from collections.abc import Generator, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
+from pathlib import Path
 
 import gradio as gr
 import torch
 
 from specdemo.config import (
+    MAX_NUM_CANDIDATES,
     MAX_NUM_DRAFT_TOKENS,
     MAX_PROMPT_CHARACTERS,
     MAX_PROMPT_TOKENS,
@@ -25,7 +25,7 @@ from specdemo.config import (
     check_prompt,
     check_prompt_fits,
 )
-from specdemo.decoding import Round, autoregressive_generate, speculative_generate
+from specdemo.decoding import Round
 from specdemo.model_cache import ModelCache
 from specdemo.models import (
     LOCAL_PATHS_VARIABLE,
@@ -34,16 +34,38 @@ from specdemo.models import (
     bound_allocator_arenas,
     chat_prompt_ids,
 )
-from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, Pair, custom_pair, find_pair, load_pair, make_drafter
-from specdemo.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
-from specdemo.render import LEGEND_HTML, TOKEN_CSS, html_spans, round_spans, summary_markdown
-from specdemo.stats import compare_runs, round_record, run_stats
+from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, Pair, custom_pair, find_pair, load_pair
+from specdemo.plots import (
+    acceptance_figure,
+    batch_sweep_figure,
+    candidates_sweep_figure,
+    latency_figure,
+    positions_figure,
+    throughput_figure,
+)
+from specdemo.prompts import check_prompt_lines
+from specdemo.render import (
+    CANDIDATES_CSS,
+    LANES_CSS,
+    LEGEND_HTML,
+    TOKEN_CSS,
+    candidates_html,
+    html_spans,
+    lanes_html,
+    round_spans,
+    sharing_note,
+    summary_markdown,
+)
+from specdemo.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers
+from specdemo.stats import compare_runs, emitted_ids, round_record, run_stats
 
 try:  # On a ZeroGPU Space, GPU work runs inside @spaces.GPU; elsewhere the package is absent and this is a no-op.
     import spaces
 
     on_gpu = spaces.GPU(duration=120)
+    ON_ZEROGPU = True  # each call runs in its own GPU worker: runs cannot share a batch there
 except ImportError:
+    ON_ZEROGPU = False
 
     def on_gpu(function):  # type: ignore[no-redef]
         return function
@@ -51,15 +73,18 @@ except ImportError:
 
 CUSTOM = "custom"
 UI_MAX_NEW_TOKENS = 512  # the slider's end: a run stays well under a minute on a CPU
-CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~28 ms to build four): at most 2 updates a second
+CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~28 ms to build four): at most 2 updates a second, shared
+# by the rows of a batch (each of 8 rows' pages gets one every 4 s), as are the tokens' updates
 TOKENS_INTERVAL_SECONDS = 0.1  # tokens stream in batches of rounds, so the page's work never slows the engine
-RUN_CONCURRENCY = 1  # runs decoding at once: they share the CPU's cores, so a second run only slows the first
+RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one at a time on ZeroGPU)
 QUEUE_SIZE = 16  # waiting runs beyond this are told the queue is full
 RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so
+SWEEP_FILE = "assets/batch-sweep.json"  # bench --batch-sizes, measured, drawn on the Batch tab
 LIMITS = (
     f"Limits: a prompt of up to {MAX_PROMPT_TOKENS:,} tokens ({MAX_PROMPT_CHARACTERS:,} characters), up to "
     f"{UI_MAX_NEW_TOKENS} new tokens, up to {MAX_NUM_DRAFT_TOKENS} draft tokens per round, "
-    f"{RUN_TIME_BUDGET_SECONDS:.0f} s per run. Runs take turns; up to {QUEUE_SIZE} can wait."
+    f"{RUN_TIME_BUDGET_SECONDS:.0f} s per run. Up to {RUN_CONCURRENCY} runs share each model pass; up to {QUEUE_SIZE} "
+    "more can wait."
 )
 
 EXAMPLES = [
@@ -108,8 +133,11 @@ class Run:
     target: LoadedModel
     draft: LoadedModel | None
     prompt_ids: torch.Tensor  # [1, T]
-    models_in_use: threading.Semaphore  # held by an engine thread for as long as it runs the shared models
+    schedulers: Schedulers  # where its rows join other runs' batches
     deadline: float  # time.monotonic() at which the run's time budget ends, comparisons included
+
+    def submit(self, model: LoadedModel, draft: LoadedModel | None, request: DecodeRequest) -> RowStream:
+        return self.schedulers.get(model, draft).submit([request], self.deadline)
 
 
 def parse_request(
@@ -127,6 +155,7 @@ def parse_request(
     seed: float,
     chat: bool,
     compare: bool,
+    num_candidates: float = 1,
 ) -> RunRequest:
     """The form's values as checked settings; a ValueError names the first bad one."""
     check_prompt(prompt)
@@ -149,6 +178,7 @@ def parse_request(
         num_draft_tokens=_whole("draft tokens per round", num_draft_tokens),
         max_new_tokens=_whole("max new tokens", max_new_tokens),
         draft_temperature=draft_temperature if pair.uses_draft_model else None,
+        num_candidates=_whole("candidates per round (W)", num_candidates),
     )
     if speculative.max_new_tokens > UI_MAX_NEW_TOKENS:
         raise ValueError(
@@ -203,14 +233,58 @@ def check_settings(*values: object) -> None:
         raise user_error(str(error)) from error
 
 
+BATCH_EXAMPLE = "\n".join(
+    [
+        "Correct the spelling: The quartely planing meeting is moved to Thursday.",
+        "Turn into a Markdown table: name,age / Ann,31 / Bo,27 / Cy,45",
+        "Write a haiku about autumn rain.",
+        "Summarise in one sentence: The train leaves at 9:40 from platform 3 and arrives in Lyon at 13:05.",
+    ]
+)
+
+
+def load_sweep() -> dict | None:
+    """The measured batch sweep shipped with the app (bench --batch-sizes), or None when absent."""
+    path = Path(__file__).resolve().parent.parent / SWEEP_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def sweep_caption(sweep: dict | None) -> str:
+    if sweep is None:
+        return "No measured sweep here: run `python -m specdemo bench --batch-sizes 1,2,4,8 --num-candidates 1,2,4`."
+    return (
+        f"Measured with `bench --batch-sizes` on {sweep.get('model', 'this machine')}: {sweep['pair']}, greedy, "
+        f"{sweep['max_new_tokens']} new tokens, the same {sweep['rows'][0]['num_prompts']} prompts at every B. Where "
+        "the speculative line falls under target-only, drafting costs more than it wins at that batch size."
+    )
+
+
 def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
     """The whole page. `cache` holds loaded models across runs and users (a fresh one by default)."""
     cache = cache or ModelCache(pinned=OFFLINE_DEFAULT)
     bound_allocator_arenas()  # before the queue starts its worker threads
     # The default pair is ready before the first visitor (and ZeroGPU wants models loaded outside GPU functions).
     load_pair(DEFAULT_PAIR, cache, progress=print)
+    shared_schedulers = Schedulers()  # runs of the same models share their passes
+    sweep = load_sweep()
 
-    models_in_use = threading.Semaphore(RUN_CONCURRENCY)  # held by each engine thread while it runs the models
+    def prepare(prompts: list[str], values: tuple, progress: gr.Progress) -> tuple[RunRequest, Run, list[torch.Tensor]]:
+        """The checked request, its models and encoded prompts; a ValueError names the problem."""
+        request = parse_request(prompts[0], *values)
+        target, draft = load_pair(
+            request.pair, cache, lambda message: progress(0.0, desc=message), allow_local=request.allow_local
+        )
+        encoded = []
+        for number, text in enumerate(prompts, start=1):
+            prompt_ids = chat_prompt_ids(target, text, chat=request.chat)  # [1, T]
+            try:
+                check_prompt_fits(prompt_ids.shape[1], request.speculative.max_new_tokens, target.context_length)
+            except ValueError as error:
+                raise ValueError(f"Prompt {number}: {error}" if len(prompts) > 1 else str(error)) from None
+            encoded.append(prompt_ids)
+        schedulers = Schedulers() if ON_ZEROGPU else shared_schedulers  # ZeroGPU: each call in its own worker
+        deadline = time.monotonic() + RUN_TIME_BUDGET_SECONDS
+        return request, Run(request, target, draft, encoded[0], schedulers, deadline), encoded
 
     @on_gpu
     def generate(
@@ -228,46 +302,60 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
         seed: float,
         chat: bool,
         compare: bool,
+        num_candidates: float = 1,
         progress: gr.Progress = gr.Progress(),
     ) -> Iterator[tuple]:
-        """Speculative decoding of `prompt` with the draft/target `pair`, streamed; then, with `compare`, the
-        target (and draft model) alone. Each parameter but `prompt` defaults to the form's value."""
+        """Speculative decoding of `prompt` with the draft/target `pair` and W = `num_candidates` drafts per round,
+        streamed; then, with `compare`, the target (and draft model) alone. Each parameter but `prompt` defaults to
+        the form's value. Runs that arrive together share the model's passes."""
+        values = (pair, custom_target, custom_draft, temperature, top_k, top_p, repetition_penalty)
+        values += (draft_temperature, num_draft_tokens, max_new_tokens, seed, chat, compare, num_candidates)
         try:
-            request = parse_request(
-                prompt,
-                pair,
-                custom_target,
-                custom_draft,
-                temperature,
-                top_k,
-                top_p,
-                repetition_penalty,
-                draft_temperature,
-                num_draft_tokens,
-                max_new_tokens,
-                seed,
-                chat,
-                compare,
-            )
-            target, draft = load_pair(
-                request.pair, cache, lambda message: progress(0.0, desc=message), allow_local=request.allow_local
-            )
-            prompt_ids = chat_prompt_ids(target, request.prompt, chat=request.chat)  # [1, T]
-            check_prompt_fits(prompt_ids.shape[1], request.speculative.max_new_tokens, target.context_length)
+            _, run, _ = prepare([prompt], values, progress)
         except ValueError as error:
             raise user_error(str(error)) from error
-        deadline = time.monotonic() + RUN_TIME_BUDGET_SECONDS
         try:
-            yield from stream_run(Run(request, target, draft, prompt_ids, models_in_use, deadline))
+            yield from stream_run(run)
         except Exception as error:  # a model error, out of memory...: this run fails, the app and its models stay
             message = f"The run failed ({error.__class__.__name__}: {str(error)[:200]})"
-            yield gr.skip(), html.escape(f"**{message}.**", quote=False), *unchanged_charts()  # the why, kept
+            yield gr.skip(), html.escape(f"**{message}.**", quote=False), *unchanged_charts()
             raise user_error(
                 f"{message}. The app is still serving: try again, or fewer tokens or a smaller pair.", log=True
             ) from error
 
+    @on_gpu
+    def generate_batch(
+        prompts: str | list[str],
+        pair: str = DEFAULT_PAIR.key,
+        custom_target: str = "",
+        custom_draft: str = NGRAM,
+        temperature: float = 0.0,
+        top_k: float = 0,
+        top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        draft_temperature: float = 1.5,
+        num_draft_tokens: float = 5,
+        max_new_tokens: float = 128,
+        seed: float = 0,
+        chat: bool = True,
+        compare: bool = False,
+        num_candidates: float = 1,
+        progress: gr.Progress = gr.Progress(),
+    ) -> Iterator[tuple]:
+        """Up to 8 `prompts` (a list, or one per line) decoded as rows of one batch, prompt i with seed + i; the
+        other parameters as for /generate (`compare` is ignored). Returns one result per prompt."""
+        values = (pair, custom_target, custom_draft, temperature, top_k, top_p, repetition_penalty)
+        values += (draft_temperature, num_draft_tokens, max_new_tokens, seed, chat, False, num_candidates)
+        try:
+            texts = batch_prompts(prompts)
+            _, run, encoded = prepare(texts, values, progress)
+        except ValueError as error:
+            raise user_error(str(error)) from error
+        yield from stream_batch(run, texts, encoded, sweep)
+
+    theme_css = TOKEN_CSS + CANDIDATES_CSS + LANES_CSS
     with gr.Blocks(title="specdemo: speculative decoding, made visible") as demo:
-        gr.HTML(HEADER, css_template=TOKEN_CSS, elem_id="header")
+        gr.HTML(HEADER, css_template=theme_css, elem_id="header")
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
                 pair = gr.Dropdown(
@@ -297,33 +385,74 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                 num_draft_tokens = gr.Slider(
                     1, MAX_NUM_DRAFT_TOKENS, value=5, step=1, label="Draft tokens per round (γ)"
                 )
+                num_candidates = gr.Slider(
+                    1,
+                    MAX_NUM_CANDIDATES,
+                    value=1,
+                    step=1,
+                    label="Candidates per round (W): drafts the target checks together",
+                    elem_id="num-candidates",
+                )
                 max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
                 seed = gr.Number(0, minimum=0, step=1, label="Seed")
                 chat = gr.Checkbox(True, label="Apply the chat template")
                 compare = gr.Checkbox(True, label="Then run the target alone, to compare")
-            with gr.Column(scale=2):
-                prompt = gr.Textbox(
-                    lines=5,
-                    label="Prompt",
-                    elem_id="prompt",
-                    placeholder="Text to continue; input-grounded tasks (edit, summarise) draft best",
-                )
-                with gr.Row():
-                    run = gr.Button("Run", variant="primary", elem_id="run")
-                    stop = gr.Button("Stop", variant="stop", elem_id="stop")
-                gr.Markdown(LIMITS, elem_id="limits")
-                gr.Examples(EXAMPLES, inputs=[prompt, pair, temperature], cache_examples=False)
-                tokens = gr.HTML(
-                    "", label="Tokens", css_template=TOKEN_CSS, elem_id="tokens", elem_classes=["tokens"], min_height=80
-                )
-                summary = gr.Markdown(elem_id="summary")
-                with gr.Row():
-                    acceptance = gr.Plot(elem_id="acceptance-chart", show_label=False)
-                    latency = gr.Plot(elem_id="latency-chart", show_label=False)
-                with gr.Row():
-                    positions = gr.Plot(elem_id="positions-chart", show_label=False)
-                    throughput = gr.Plot(elem_id="throughput-chart", show_label=False)
-                trace = gr.DownloadButton("Download the trace (JSON)", visible=False, elem_id="trace")
+            with gr.Column(scale=2), gr.Tabs():
+                with gr.Tab("One prompt", id="one"):
+                    prompt = gr.Textbox(
+                        lines=5,
+                        label="Prompt",
+                        elem_id="prompt",
+                        placeholder="Text to continue; input-grounded tasks (edit, summarise) draft best",
+                    )
+                    with gr.Row():
+                        run = gr.Button("Run", variant="primary", elem_id="run")
+                        stop = gr.Button("Stop", variant="stop", elem_id="stop")
+                    gr.Markdown(LIMITS, elem_id="limits")
+                    gr.Examples(EXAMPLES, inputs=[prompt, pair, temperature], cache_examples=False)
+                    tokens = gr.HTML(
+                        "",
+                        label="Tokens",
+                        css_template=theme_css,
+                        elem_id="tokens",
+                        elem_classes=["tokens"],
+                        min_height=80,
+                    )
+                    summary = gr.Markdown(elem_id="summary")
+                    with gr.Row():
+                        acceptance = gr.Plot(elem_id="acceptance-chart", show_label=False)
+                        latency = gr.Plot(elem_id="latency-chart", show_label=False)
+                    with gr.Row():
+                        positions = gr.Plot(elem_id="positions-chart", show_label=False)
+                        throughput = gr.Plot(elem_id="throughput-chart", show_label=False)
+                    with gr.Accordion("Candidates of each round (W)", open=False):
+                        candidates = gr.HTML("", css_template=theme_css, elem_id="candidates")
+                        if sweep is not None:
+                            gr.Plot(candidates_sweep_figure(sweep), elem_id="candidates-chart", show_label=False)
+                            gr.Markdown(sweep_caption(sweep))
+                    trace = gr.DownloadButton("Download the trace (JSON)", visible=False, elem_id="trace")
+                with gr.Tab("Batch", id="batch"):
+                    batch_prompts_box = gr.Textbox(
+                        lines=6,
+                        label=f"Prompts, one per line (up to {MAX_BATCH_ROWS}); prompt i uses seed + i",
+                        elem_id="batch-prompts",
+                    )
+                    with gr.Row():
+                        batch_run = gr.Button("Run the batch", variant="primary", elem_id="batch-run")
+                        batch_stop = gr.Button("Stop", variant="stop", elem_id="batch-stop")
+                        gr.Button("Example set", elem_id="batch-example").click(
+                            lambda: BATCH_EXAMPLE, outputs=batch_prompts_box, queue=False, api_visibility="private"
+                        )
+                    batch_lanes = gr.HTML("", css_template=theme_css, elem_id="batch-lanes")
+                    batch_summary = gr.Markdown(elem_id="batch-summary")
+                    batch_results = gr.JSON(visible=False)
+                    with gr.Row():
+                        batch_chart = gr.Plot(
+                            batch_sweep_figure(sweep) if sweep else None, elem_id="batch-chart", show_label=False
+                        )
+                        if sweep is not None:
+                            gr.Plot(candidates_sweep_figure(sweep), show_label=False)
+                    gr.Markdown(sweep_caption(sweep))
 
         pair.change(  # queue=False: the note changes at once, even while a run holds the queue's run slot
             describe_pair,
@@ -332,23 +461,10 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
             queue=False,
             api_visibility="private",
         )
-        inputs = [
-            prompt,
-            pair,
-            custom_target,
-            custom_draft,
-            temperature,
-            top_k,
-            top_p,
-            repetition_penalty,
-            draft_temperature,
-            num_draft_tokens,
-            max_new_tokens,
-            seed,
-            chat,
-            compare,
-        ]
-        outputs = [tokens, summary, acceptance, latency, positions, throughput, trace]
+        settings = [pair, custom_target, custom_draft, temperature, top_k, top_p, repetition_penalty]
+        settings += [draft_temperature, num_draft_tokens, max_new_tokens, seed, chat, compare, num_candidates]
+        inputs = [prompt, *settings]
+        outputs = [tokens, summary, acceptance, latency, positions, throughput, trace, candidates]
         # preprocess=False: the handler checks the raw values itself, so every refusal names its setting
         # (Gradio's own range check says only "Value -1.0 is less than minimum value 0.").
         # Settings are checked first in an event with no outputs, so a refusal is a message and the last run's
@@ -362,7 +478,7 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                     inputs=inputs,
                     outputs=outputs,
                     concurrency_limit=RUN_CONCURRENCY,
-                    concurrency_id="generate",  # Run and Enter share the run slots
+                    concurrency_id="generate",  # Run, Enter and the batch share the run slots
                     preprocess=False,
                     api_name="generate" if trigger == run.click else False,
                 )
@@ -372,8 +488,90 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
         stop.click(None, cancels=run_events, api_visibility="private").then(
             stopped_summary, inputs=summary, outputs=summary, queue=False, api_visibility="private"
         )
+        batch_event = batch_run.click(
+            generate_batch,
+            inputs=[batch_prompts_box, *settings],
+            outputs=[batch_lanes, batch_summary, batch_chart, batch_results],
+            concurrency_limit=RUN_CONCURRENCY,
+            concurrency_id="generate",
+            preprocess=False,
+            api_name="generate_batch",
+        )
+        batch_stop.click(None, cancels=[batch_event], api_visibility="private").then(
+            stopped_summary, inputs=batch_summary, outputs=batch_summary, queue=False, api_visibility="private"
+        )
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)  # explicit: ZeroGPU would default to 1
     return demo
+
+
+def batch_prompts(prompts: str | list[str]) -> list[str]:
+    """The batch's prompts, from the page (one per line) or an API client (a list), each checked with its line."""
+    lines = prompts.splitlines() if isinstance(prompts, str) else list(prompts)
+    while lines and not str(lines[-1]).strip():  # a trailing newline is not a prompt
+        lines.pop()
+    if not lines:
+        raise ValueError("The batch is empty: write one prompt per line, or press Example set.")
+    if len(lines) > MAX_BATCH_ROWS:
+        raise ValueError(
+            f"The batch has {len(lines)} prompts; at most {MAX_BATCH_ROWS} run together: remove "
+            f"{len(lines) - MAX_BATCH_ROWS}, or run them in two batches."
+        )
+    if not all(isinstance(line, str) for line in lines):
+        raise ValueError("Every prompt of the batch must be text: send a list of strings.")
+    return check_prompt_lines(lines, "the batch")
+
+
+def stream_batch(run: Run, texts: list[str], encoded: list[torch.Tensor], sweep: dict | None) -> Iterator[tuple]:
+    """Yield (lanes, summary, chart, results) as the batch's rows decode, prompt i with seed + i; the last update
+    has one result per prompt."""
+    request = run.request
+    decode = partial(run.target.tokenizer.decode, skip_special_tokens=False)
+    rows = [
+        DecodeRequest(ids[0].tolist(), replace(request.sampling, seed=request.sampling.seed + i), request.speculative)
+        for i, ids in enumerate(encoded)
+    ]
+    lanes: list[list[Round]] = [[] for _ in texts]
+    yield lanes_html(texts, lanes, decode), in_progress("", "Decoding the batch"), gr.skip(), gr.skip()
+    started = time.perf_counter()
+    stream = run.schedulers.get(run.target, run.draft).submit(rows, run.deadline)
+    for batch in stream.batches(CHART_INTERVAL_SECONDS):
+        for index, round_ in batch:
+            lanes[index].append(round_)
+        note = f"Decoding: {sum(len(emitted_ids(lane)) for lane in lanes)} tokens so far"
+        yield lanes_html(texts, lanes, decode), in_progress("", note), gr.skip(), gr.skip()
+    seconds = time.perf_counter() - started
+    results = [
+        {
+            "prompt": text,
+            "seed": row.sampling.seed,
+            "token_ids": emitted_ids(lane),
+            "text": run.target.tokenizer.decode(emitted_ids(lane), skip_special_tokens=True),
+            "stats": run_stats(lane).as_dict() if lane else None,
+        }
+        for text, row, lane in zip(texts, rows, lanes, strict=True)
+    ]
+    total = sum(len(result["token_ids"]) for result in results)
+    summary = batch_summary(lanes, total, seconds)
+    if stream.out_of_time:
+        summary = f"**Stopped after {RUN_TIME_BUDGET_SECONDS:g} s, the time budget of one run.**\n\n{summary}"
+    chart = batch_sweep_figure(sweep, (len(texts), total / seconds)) if sweep else gr.skip()
+    yield lanes_html(texts, lanes, decode), summary, chart, results
+
+
+def batch_summary(lanes: list[list[Round]], total_tokens: int, seconds: float) -> str:
+    """Per lane its tokens, passes, α and tokens per pass; the batch's aggregate tokens/s and how it was shared."""
+    lines = ["| lane | tokens | target passes | α | tokens/pass |", "|---|---|---|---|---|"]
+    for number, lane in enumerate(lanes, start=1):
+        stats = run_stats(lane)
+        per_pass = stats.mean_tokens_per_round
+        lines.append(f"| {number} | {stats.num_generated} | {len(lane)} | {stats.alpha:.2f} | {per_pass:.2f} |")
+    widest = max((r.num_rows for lane in lanes for r in lane), default=1)
+    lines += [
+        "",
+        f"**The batch: {total_tokens} tokens in {seconds:.2f} s, {total_tokens / seconds:.1f} tokens/s in all**; the "
+        f"widest pass held {widest} rows (this batch's and other runs' rows share the model's passes).",
+    ]
+    return "\n".join(lines)
 
 
 def describe_pair(pair_key: str) -> tuple:
@@ -390,79 +588,10 @@ def describe_pair(pair_key: str) -> tuple:
     return pair.note, gr.update(visible=False), gr.update(visible=False), draft_temperature
 
 
-_DONE = object()
-
-
-class EngineThread:
-    """An engine (an iterator of rounds) run in its own thread, so a slow page or network never slows or stops it.
-
-    It stops after the round in progress at the deadline, or once `batches()` is closed: Gradio closes a run's
-    generator on Stop and when its client disconnects. It holds `models_in_use` while it runs the models.
-    """
-
-    def __init__(self, rounds: Iterator[Round], models_in_use: threading.Semaphore, deadline: float) -> None:
-        self.rounds, self.models_in_use, self.deadline = rounds, models_in_use, deadline
-        self.out_of_time = False  # True when the deadline, not the engine, ended the rounds
-        self.arrived: queue.Queue = queue.Queue()
-        self.stop = threading.Event()
-        self.worker = threading.Thread(target=self._work, name="specdemo-engine", daemon=True)
-
-    def _work(self) -> None:
-        try:
-            with self.models_in_use:  # a stopped run's engine may still be in a forward pass: wait for it
-                self._run_rounds()
-        except Exception as error:  # handed to the consumer's thread, which raises it there
-            self.arrived.put(error)
-        finally:
-            self.arrived.put(_DONE)  # after the release: a consumer that sees it may start the next engine
-
-    def _run_rounds(self) -> None:
-        try:
-            while not self.stop.is_set():
-                if time.monotonic() >= self.deadline:
-                    self.out_of_time = True
-                    return
-                round_ = next(self.rounds, None)
-                if round_ is None:
-                    return
-                self.arrived.put(round_)
-        finally:
-            self.rounds.close()  # type: ignore[attr-defined]
-
-    def batches(self, interval: float) -> Iterator[list[Round]]:
-        """The rounds that arrived, at most every `interval` seconds, until the engine has finished."""
-        self.worker.start()
-        try:
-            done = False
-            while not done:
-                batch, done = self._next_batch(interval)
-                if batch:
-                    yield batch
-            self.worker.join()  # it has put _DONE, so it only has to return
-        finally:
-            # On Stop or a disconnect Gradio closes the run's generator from its event loop
-            # (gradio/queueing.py reset_iterators -> utils.SyncToAsyncIterator.aclose -> close()): waiting here for
-            # the forward pass in progress would stall every page, so the next engine waits for models_in_use.
-            self.stop.set()
-
-    def _next_batch(self, interval: float) -> tuple[list[Round], bool]:
-        """The rounds that arrive within `interval` of the first one, and whether the engine is done."""
-        batch: list[Round] = []
-        item, deadline = self.arrived.get(), time.monotonic() + interval
-        while item is not _DONE:
-            if isinstance(item, Exception):
-                raise item
-            batch.append(item)
-            try:
-                item = self.arrived.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                return batch, False
-        return batch, True
-
-
 def unchanged_charts() -> tuple:
-    """The four charts and the trace left as they are (fresh objects: Gradio may consume an update)."""
-    return tuple(gr.skip() for _ in range(5))
+    """The four charts, the trace and the candidates left as they are (fresh objects: Gradio may consume an
+    update)."""
+    return tuple(gr.skip() for _ in range(6))
 
 
 IN_PROGRESS_END = "…*"  # how every streamed summary but the last ends
@@ -486,11 +615,11 @@ def stopped_summary(summary: str) -> str:
 
 
 def stream_run(run: Run) -> Iterator[tuple]:
-    """Yield (tokens, summary, four charts, trace) as rounds arrive, then while the comparisons run; the last
-    update carries every output, and its summary says why the run ended when it ended early."""
+    """Yield (tokens, summary, four charts, trace, candidates) as rounds arrive, then while the comparisons run; the
+    last update carries every output, and its summary says why the run ended when it ended early."""
     request = run.request
     # Stop can close a generator only once Gradio holds it, which is after its first update (gradio/route_utils.py,
-    # call_process_api stores it in app.iterators; a cancel before that drops it unclosed): so no engine starts
+    # call_process_api stores it in app.iterators; a cancel before that drops it unclosed): so no row is submitted
     # before a first, cheap update.
     yield "", in_progress("", "Decoding"), *unchanged_charts()
     rounds, tokens_html, summary, out_of_time = yield from stream_speculative(run)
@@ -498,17 +627,20 @@ def stream_run(run: Run) -> Iterator[tuple]:
     draft_alone: list[Round] = []
     if request.compare and not out_of_time:
         streamed = in_progress(summary, "Now decoding alone, to compare")
-        yield tokens_html, streamed, *charts(rounds, request.speculative.num_draft_tokens), gr.skip()
+        yield tokens_html, streamed, *charts(rounds, request.speculative.num_draft_tokens), gr.skip(), gr.skip()
         baseline, draft_alone, out_of_time = yield from stream_comparisons(run, tokens_html, summary)
     num_draft_tokens = request.speculative.num_draft_tokens
+    shared = sharing_note(rounds, baseline) if baseline else None
     summary = summary_markdown(
         run_stats(rounds),
         num_draft_tokens,
         baseline=run_stats(baseline) if baseline else None,
-        comparison=compare_runs(rounds, baseline, num_draft_tokens) if baseline else None,
+        comparison=compare_runs(rounds, baseline, num_draft_tokens) if baseline and not shared else None,
         draft_alone=run_stats(draft_alone) if draft_alone else None,
         greedy=request.sampling.is_greedy,
     )
+    if shared:
+        summary += f"\n\n{shared}"
     if out_of_time:
         note = (
             f"Stopped after {RUN_TIME_BUDGET_SECONDS:g} s, the time budget of one run: lower max new tokens, "
@@ -517,67 +649,69 @@ def stream_run(run: Run) -> Iterator[tuple]:
         gr.Warning(note)
         summary = f"**{note}**\n\n{summary}"
     trace = _trace_file(request, run.target, run.prompt_ids[0].tolist(), rounds, baseline)
-    yield tokens_html, summary, *charts(rounds, num_draft_tokens, baseline), gr.update(value=trace, visible=True)
+    yield (
+        tokens_html,
+        summary,
+        *charts(rounds, num_draft_tokens, baseline),
+        gr.update(value=trace, visible=True),
+        gr.skip(),
+    )
 
 
 def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], str, str, bool]]:
-    """The speculative run, streamed: tokens every batch, charts at most twice a second, until done or the
-    deadline. Returns its rounds, token HTML, summary, and whether the deadline ended it."""
+    """The speculative run, streamed: tokens every batch, charts and candidates at most twice a second, until done or
+    the deadline. Returns its rounds, token HTML, summary, and whether the deadline ended it."""
     target, sampling, speculative = run.target, run.request.sampling, run.request.speculative
     decode = partial(target.tokenizer.decode, skip_special_tokens=False)
-    drafter = make_drafter(target, run.draft, speculative)
     rounds: list[Round] = []
     emitted: list[int] = []
     tokens_html, summary, last_chart = "", "", 0.0
-    engine = EngineThread(
-        speculative_generate(target.model, drafter, run.prompt_ids, sampling, speculative, target.eos_token_ids),
-        run.models_in_use,
-        run.deadline,
-    )
-    for batch in engine.batches(TOKENS_INTERVAL_SECONDS):
+    stream = run.submit(target, run.draft, DecodeRequest(run.prompt_ids[0].tolist(), sampling, speculative))
+    for batch in stream.rounds(TOKENS_INTERVAL_SECONDS):
         rounds.extend(batch)
         tokens_html += "".join(html_spans(round_spans(round_, decode, emitted)) for round_ in batch)
         summary = summary_markdown(run_stats(rounds), speculative.num_draft_tokens)
         streamed = in_progress(summary, f"Decoding: {len(emitted)} tokens so far")
-        if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS:
+        if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS * max(1, stream.scheduler.num_rows):
             last_chart = time.monotonic()
-            yield tokens_html, streamed, *charts(rounds, speculative.num_draft_tokens), gr.skip()
+            candidates = candidates_html(rounds, decode)
+            yield tokens_html, streamed, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates
         else:
             yield tokens_html, streamed, *unchanged_charts()
-    return rounds, tokens_html, summary, engine.out_of_time
+    candidates = candidates_html(rounds, decode)  # every round's, the last included
+    yield tokens_html, in_progress(summary, f"Decoded {len(emitted)} tokens"), *unchanged_charts()[:-1], candidates
+    return rounds, tokens_html, summary, stream.out_of_time
 
 
 def stream_comparisons(
     run: Run, tokens_html: str, summary: str
 ) -> Generator[tuple, None, tuple[list[Round], list[Round], bool]]:
-    """Decode with the target alone, then the draft model alone; none starts after the deadline and a running one
-    stops at it. Returns their rounds (none when the deadline came first) and whether it did."""
+    """Decode with the target alone, then the draft model alone, as rows that draft nothing in the same schedulers
+    as other runs; none starts after the deadline and a running one stops at it. Returns their rounds (none when the
+    deadline came first) and whether it did."""
     collected: dict[str, list[Round]] = {}  # by label
-    for label, model, sampling in comparison_runs(run.request, run.target, run.draft):
+    prompt_ids = run.prompt_ids[0].tolist()
+    for label, model, draft, sampling in comparison_runs(run.request, run.target, run.draft):
         rounds = collected.setdefault(label, [])
-        engine = EngineThread(
-            autoregressive_generate(
-                model.model, run.prompt_ids, sampling, run.request.speculative.max_new_tokens, model.eos_token_ids
-            ),
-            run.models_in_use,
-            run.deadline,
-        )
-        for batch in engine.batches(CHART_INTERVAL_SECONDS):  # Stop works here too
+        speculative = SpeculativeConfig(max_new_tokens=run.request.speculative.max_new_tokens)
+        stream = run.submit(model, draft, DecodeRequest(prompt_ids, sampling, speculative, drafting=False))
+        for batch in stream.rounds(CHART_INTERVAL_SECONDS):  # Stop works here too
             rounds.extend(batch)
             note = f"Now decoding with the {label}, to compare: {len(rounds)} tokens"
             yield tokens_html, in_progress(summary, note), *unchanged_charts()
-        if engine.out_of_time:  # an unfinished comparison would compare unlike things
+        if stream.out_of_time:  # an unfinished comparison would compare unlike things
             return [], [], True
     return collected["target alone"], collected.get("draft alone", []), False
 
 
 def comparison_runs(
     request: RunRequest, target: LoadedModel, draft: LoadedModel | None
-) -> list[tuple[str, LoadedModel, SamplingConfig]]:
-    """What to decode alone after the speculative run: the target, and the draft model when there is one."""
-    runs = [("target alone", target, request.sampling)]
+) -> list[tuple[str, LoadedModel, LoadedModel | None, SamplingConfig]]:
+    """What to decode alone after the speculative run: the target (in the speculative run's scheduler, beside other
+    runs of the pair), and the draft model when there is one: (label, model, its scheduler's draft, settings)."""
+    runs = [("target alone", target, draft, request.sampling)]
     if draft is not None and draft is not target:
-        runs.append(("draft alone", draft, request.speculative.draft_sampling(request.sampling)))
+        runs.append(("draft alone", draft, None, request.speculative.draft_sampling(request.sampling)))
     return runs
 
 

@@ -139,3 +139,44 @@ def test_the_app_reproduces_the_cli_for_the_same_seed(client, capsys):
     cli = cli_run(capsys, SPELLING, **sampled)
     assert trace["generated_token_ids"] == cli["generated_token_ids"]
     assert [r["uniforms"] for r in trace["rounds"]] == [r["uniforms"] for r in cli["rounds"]]
+
+
+def test_generate_batch_by_name_returns_one_result_per_prompt(client):
+    prompts = [
+        "Correct the spelling: The quartely planing meeting is moved.",
+        "Write a poem about the sea.",
+        "List three colours.",
+    ]
+    lanes, summary, _, results = client.predict(
+        prompts=prompts, temperature=0.7, seed=5, max_new_tokens=16, num_candidates=2, api_name="/generate_batch"
+    )
+    assert [r["prompt"] for r in results] == prompts and [r["seed"] for r in results] == [5, 6, 7]
+    assert all(r["token_ids"] and r["text"] and r["stats"]["num_generated"] == len(r["token_ids"]) for r in results)
+    assert lanes.count('class="lane"') == 3 and "tokens/s in all" in summary
+    # one per line, as the page sends them, gives the same rows with the same seeds
+    again = client.predict(
+        prompts="\n".join(prompts),
+        temperature=0.7,
+        seed=5,
+        max_new_tokens=16,
+        num_candidates=2,
+        api_name="/generate_batch",
+    )[3]
+    assert [r["token_ids"] for r in again] == [r["token_ids"] for r in results]
+
+
+def test_bad_batches_get_one_sentence_and_the_app_keeps_serving(client):
+    cases = [
+        ({"prompts": ["hi"] * 9}, "The batch has 9 prompts; at most 8 run together: remove 1"),
+        ({"prompts": "first\n\nthird"}, "Line 2 of the batch is empty: remove it or write a prompt on it."),
+        ({"prompts": ["ok", "bad\x00"]}, "Line 2 of the batch: The prompt contains the control character U+0000"),
+        ({"prompts": ["ok"], "num_candidates": 9}, "num-candidates must be between 1 and 8"),
+        ({"prompts": ["ok"], "max_new_tokens": 9999}, "max new tokens must be between 1 and 512 here"),
+        ({"prompts": ["ok", "word " * 4500]}, "Prompt 2: The prompt is"),
+        ({"prompts": []}, "The batch is empty"),
+    ]
+    for inputs, message in cases:
+        with pytest.raises(AppError) as caught:
+            client.predict(**inputs, api_name="/generate_batch")
+        assert message in str(caught.value), (message, str(caught.value)[:300])
+    assert client.predict(prompts=["hi"], max_new_tokens=4, api_name="/generate_batch")[3][0]["token_ids"]

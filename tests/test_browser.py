@@ -145,3 +145,46 @@ def test_switching_the_pair_mid_run_leaves_the_run_alone(browser, app):
     assert page.locator("#tokens .tok").count() == first_tokens
     assert "identical" in page.inner_text("#summary")
     page.close()
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_batch_view_streams_four_lanes(browser, app, theme):
+    page = open_page(browser, app, theme)
+    page.get_by_role("tab", name="Batch").click()
+    page.click("#batch-example")
+    page.wait_for_function("document.querySelector('#batch-prompts textarea').value.split('\\n').length === 4")
+    page.click("#batch-run")
+    page.wait_for_function("document.querySelectorAll('#batch-lanes .lane .tok').length > 0", timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('#batch-summary')?.innerText.includes('tokens/s in all')", timeout=120_000
+    )
+    assert page.locator("#batch-lanes .lane").count() == 4
+    for lane in range(4):  # every lane has tokens and its acceptance
+        assert page.locator("#batch-lanes .lane").nth(lane).locator(".tok").count() > 0
+        assert "α" in page.locator("#batch-lanes .lane-figures").nth(lane).inner_text()
+    page.wait_for_selector("#batch-chart .js-plotly-plot")
+    page.screenshot(path=str(ARTIFACTS / f"batch-{theme}.png"), full_page=True)
+    page.close()
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_a_run_with_three_candidates_shows_each_rounds_candidates(browser, app, theme):
+    page = open_page(browser, app, theme)
+    page.locator("#num-candidates input[type=number]").fill("3")
+    page.locator("#num-candidates input[type=number]").press("Enter")
+    page.get_by_text("Candidates of each round (W)").click()
+    page.get_by_text("Write a short story about a lighthouse keeper", exact=False).first.click()  # the draft model
+    page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')")
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    page.wait_for_selector("#candidates .cand-round")
+    counts = page.eval_on_selector_all(
+        "#candidates .cand-round", "rounds => rounds.map(r => r.querySelectorAll('.cand').length)"
+    )
+    assert counts and all(count == 3 for count in counts), counts  # three sampled beams in every round
+    assert page.locator("#candidates .cand-path").count() > 0  # the accepted path is marked
+    title = page.get_attribute("#candidates .tok", "title")
+    assert "target p =" in title and "draft q =" in title and "min(1, p/q)" in title
+    page.locator("#candidates .cand-round").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / f"candidates-{theme}.png"), full_page=True)
+    page.close()

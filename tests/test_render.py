@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specdemo.render import ANSI_STYLES, ansi_text, html_spans, summary_markdown, token_spans
+from specdemo.decoding import CandidateTrace
+from specdemo.render import (
+    ANSI_STYLES,
+    MAX_CANDIDATE_ROUNDS,
+    ansi_text,
+    candidates_html,
+    html_spans,
+    sharing_note,
+    summary_markdown,
+    token_spans,
+)
 from specdemo.stats import Comparison, run_stats
 from tests.conftest import make_round
 
@@ -78,3 +88,39 @@ def test_summary_is_honest_when_speculation_is_slower():
     assert "It misses because" not in text  # a 4% error needs no excuse
     assert "Speculation was slower here" in text and "1.60× a one-token step" in text and "α = 0.33" in text
     assert "slower" not in summary_markdown(spec, 3, baseline=base, comparison=replace(comparison, speedup=1.4))
+
+
+def round_with_candidates(index: int, num_rows: int = 1):
+    """Two candidates: the second is the accepted path ([1, 2] accepted, then a bonus); the first was tried at depth
+    0 and rejected."""
+    first = CandidateTrace([3, 4], [0.2, 0.1], [0.4, 0.3], [0.5, 1 / 3], [0.7, 0.2], [True, False], [False, False])
+    second = CandidateTrace([1, 2], [0.5, 0.6], [0.5, 0.6], [1.0, 1.0], [0.3, 0.4], [True, True], [True, True])
+    return replace(make_round(index, [1, 2], 2, "bonus", 0.1), candidates=(first, second), path=1, num_rows=num_rows)
+
+
+def test_candidates_show_the_accepted_path_first_and_every_test():
+    html_text = candidates_html([round_with_candidates(0)], decode)
+    assert html_text.count('<div class="cand"') + html_text.count('<div class="cand cand-path"') == 2
+    path_start, other_start = html_text.index("cand-path"), html_text.index("candidate 1")
+    assert path_start < other_start, "the accepted path comes first"
+    assert "accepted path 2" in html_text and "then bonus" in html_text
+    assert html_text.count("tok tok-accepted") == 2 and html_text.count("tok tok-rejected") == 2
+    assert "draft q = 0.4000" in html_text and "uniform draw u = 0.7000" in html_text
+    assert "not tested" in html_text  # candidate 1's second token was never tested
+    assert "round-sep" not in html_text
+
+
+def test_candidates_keep_the_latest_rounds_and_say_where_the_rest_are():
+    rounds = [round_with_candidates(i) for i in range(MAX_CANDIDATE_ROUNDS + 5)]
+    html_text = candidates_html(rounds, decode)
+    assert html_text.count('class="cand-round"') == MAX_CANDIDATE_ROUNDS
+    assert "Rounds 1 to 5 are in the trace." in html_text
+    assert candidates_html([make_round(0, [], 0, "bonus", 0.1)], decode).startswith('<p class="cand-empty">')
+
+
+def test_no_speedup_is_claimed_for_shared_passes():
+    alone, shared = [make_round(i, [1], 1, "bonus", 0.1) for i in range(4)], [round_with_candidates(0, num_rows=3)]
+    assert sharing_note(alone, alone) is None
+    note = sharing_note(shared + alone, alone)
+    assert "No speedup shown" in note and "1 of 5 speculative rounds" in note and "up to 3 rows" in note
+    assert "1 of 1 target-alone rounds" in sharing_note(alone, shared)  # the baseline shared, the run did not
