@@ -79,6 +79,7 @@ class TreeCachedModel:
         self.cache = DynamicCache()  # full layers: nothing is dropped behind the holes
         self.row_keys: list[Hashable] = []
         self.rows: list[_Row] = []
+        self.leaving: set[Hashable] = set()  # rows that left, removed before the next pass
         empty = torch.empty(0, 0, dtype=torch.long, device=self.device)
         self.tokens = empty  # [B, L] HOLE where no one may attend
         self.positions = empty  # [B, L]
@@ -113,19 +114,25 @@ class TreeCachedModel:
                 layer.keys, layer.values = grow(layer.keys, 0.0), grow(layer.values, 0.0)
 
     def drop(self, key: Hashable) -> None:
-        """The row leaves: its slots are removed from every table and layer (nothing if it never joined)."""
-        if key not in self.row_keys:
+        """The row leaves: its slots go from every table and layer before the next pass, together with those of
+        every row that left since (one copy of the cache, however many rows leave in a round)."""
+        if key in self.row_keys:
+            self.leaving.add(key)
+
+    def _remove_leaving(self) -> None:
+        if not self.leaving:
             return
-        row = self.row_keys.index(key)
-        del self.row_keys[row], self.rows[row]
+        stay = [b for b, key in enumerate(self.row_keys) if key not in self.leaving]
+        self.row_keys, self.rows = [self.row_keys[b] for b in stay], [self.rows[b] for b in stay]
+        self.leaving.clear()
         if not self.rows:  # nobody left: start over
             self.__init__(self.model)
             return
-        stay = torch.tensor([b for b in range(self.tokens.shape[0]) if b != row], device=self.device)
-        self.tokens, self.positions, self.parents = self.tokens[stay], self.positions[stay], self.parents[stay]
+        index = torch.tensor(stay, device=self.device)
+        self.tokens, self.positions, self.parents = self.tokens[index], self.positions[index], self.parents[index]
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                layer.keys, layer.values = layer.keys[stay], layer.values[stay]
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
 
     def _match(self, b: int, request: RowRequest) -> list[tuple[int, int]]:
         """Keep the tree slots the request still uses (the trunk grew through them, or a branch runs along them)
@@ -210,6 +217,8 @@ class TreeCachedModel:
         for logits_for="all", [W, K+1, V] with position 0 after the trunk and j+1 after branch w's first j+1 tokens
         (W = 1, K = 0 without branches; zeros past a shorter branch's end); for "tips", [W, V] after each branch's
         last token ([1, V] after the trunk without branches)."""
+        self._remove_leaving()
+        prefilled = self._prefill_joining(asked)
         self._add_rows(list(asked))
         idle = RowRequest([], [], "tips")
         requests = [asked.get(key, idle) for key in self.row_keys]
@@ -252,7 +261,8 @@ class TreeCachedModel:
             row.trunk_ids, row.trunk_end = list(request.trunk_ids), trunk_end
         logits = self._forward(tokens, positions, parents, num_logits=num_branch_slots + 1)  # [B, C+1, V]
         self.last_input_lengths = {
-            key: len(t) + sum(map(len, br)) for key, t, br in zip(self.row_keys, fed_trunks, fed_branches, strict=True)
+            key: prefilled.get(key, 0) + len(t) + sum(map(len, br))
+            for key, t, br in zip(self.row_keys, fed_trunks, fed_branches, strict=True)
         }
         offset = trunk_end_col  # column c of the pass is logits[:, c - offset]
         by_key = {
@@ -261,6 +271,41 @@ class TreeCachedModel:
             if request is not idle
         }
         return [by_key[key] for key in asked]
+
+    def _prefill_joining(self, asked: dict[Hashable, RowRequest]) -> dict[Hashable, int]:
+        """New rows read their sequence (all but its last token) in a pass of their own, on a cache of their own that
+        then joins this one, when that saves work: rows already decoding are not padded to a prompt's length, and
+        rows with the same prompt read it once. Returns the tokens each joining row read."""
+        joining = {
+            key: tuple(request.trunk_ids[:-1])
+            for key, request in asked.items()
+            if key not in self.row_keys and len(request.trunk_ids) > 1
+        }
+        prompts = list(dict.fromkeys(joining.values()))  # each distinct prompt once
+        if not joining or not (any(row.trunk_ids for row in self.rows) or len(prompts) < len(joining)):
+            return {}  # a new batch of different prompts reads them in its first pass
+        own = TreeCachedModel(self.model)
+        own.logits({index: RowRequest(list(prompt), [], "tips") for index, prompt in enumerate(prompts)})
+        self._add_rows(list(joining))
+        rows = torch.tensor([self.row_keys.index(key) for key in joining], device=self.device)
+        sources = [prompts.index(prompt) for prompt in joining.values()]
+
+        def spread(theirs: torch.Tensor, fill: float) -> torch.Tensor:  # [P, ...] per prompt -> [B, ...]
+            table = theirs.new_full((len(self.row_keys), *theirs.shape[1:]), fill)  # holes in every other row
+            table[rows] = theirs[sources]
+            return table
+
+        offset = self.length
+        self.tokens = torch.cat([self.tokens, spread(own.tokens, HOLE)], dim=1)
+        self.positions = torch.cat([self.positions, spread(own.positions, 0)], dim=1)
+        self.parents = torch.cat([self.parents, spread(own.parents, NO_PARENT)], dim=1)  # trunk slots: no parents
+        for index, layer in enumerate(own.cache.layers):  # appended along the slots, or the first slots
+            self.cache.update(spread(layer.keys, 0.0), spread(layer.values, 0.0), index)
+        for key, source in zip(joining, sources, strict=True):
+            trunk = own.rows[source]
+            self.rows[self.row_keys.index(key)] = _Row(list(trunk.trunk_ids), offset + trunk.trunk_end)
+        self.forward_seconds += own.forward_seconds
+        return {key: len(prompt) for key, prompt in joining.items()}
 
     @staticmethod
     def _row_logits(logits: torch.Tensor, request: RowRequest, columns: list[list[int]]) -> torch.Tensor:

@@ -87,8 +87,9 @@ def test_tree_cache_logits_equal_uncached_logits(model_kind):
     cached, rng, worst = TreeCachedModel(model), random.Random(0), 0.0
     rows = {key: [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 9))] for key in range(3)}
     for step in range(40):
-        if step == 10:
-            rows[7] = [rng.randrange(TINY_VOCAB) for _ in range(5)]  # joins
+        if step == 10:  # two join, one longer than the window: they read their prompts in a pass of their own
+            rows[7] = [rng.randrange(TINY_VOCAB) for _ in range(5)]
+            rows[8] = [rng.randrange(TINY_VOCAB) for _ in range(12)]
         if step == 20:
             rows.pop(0)
             cached.drop(0)  # leaves
@@ -112,6 +113,40 @@ def test_tree_cache_logits_equal_uncached_logits(model_kind):
                 rows[key] = rows[key] + [rng.randrange(TINY_VOCAB)]
     assert worst < 1e-9
     assert max(map(len, rows.values())) > 8 * 3, "the rows never passed the sliding window several times over"
+
+
+def test_rows_joining_a_running_batch_read_their_prompts_without_the_others():
+    """A row joining rows that already decode reads its prompt in a pass of the joining rows alone: the running rows
+    are not padded to the prompt's length (eight rows padded to a 60-token prompt cost the load test a second per
+    join). Its next pass is one token wide for everyone."""
+    model, widths = tiny_model(0), []
+    model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    cached = TreeCachedModel(model)
+    running = {key: RowRequest(list(range(1, 4 + key)), [], "tips") for key in range(3)}
+    cached.logits(running)
+    widths.clear()
+    joining = {7: RowRequest(list(range(2, 22)), [], "tips"), 8: RowRequest(list(range(3, 13)), [], "tips")}
+    cached.logits({**{k: RowRequest([*r.trunk_ids, 5], [], "tips") for k, r in running.items()}, **joining})
+    assert widths == [(2, 19), (5, 1)], widths
+
+
+def test_rows_with_the_same_prompt_read_it_once():
+    """Rows of one prompt (the audit's samples) read it in one pass of one row, and each then has the logits of the
+    prompt alone."""
+    model, widths = tiny_model(0), []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    cached, prompt = TreeCachedModel(model), list(range(3, 20))
+    logits = cached.logits({key: RowRequest(prompt, [[key + 1]], "all") for key in range(4)})
+    assert widths == [(1, 16), (4, 2)], widths
+    hook.remove()
+    with torch.inference_mode():
+        for key, row_logits in enumerate(logits):
+            alone = model(torch.tensor([[*prompt, key + 1]])).logits[0, -2:]
+            assert torch.allclose(row_logits[0], alone, atol=1e-9), key
 
 
 def test_tiny_greedy_parity_past_the_window(gemma_target):
