@@ -6,6 +6,7 @@ per sequence and lifted over beams and rows with torch.func.vmap, as the recurre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +133,9 @@ def verify_batch(
         next_token_ids=next_ids,
         next_token_probs=next_probs.float(),
     )
+
+
+Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], CandidateVerdict]  # as above
 
 
 def choose_draft_tokens(

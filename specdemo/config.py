@@ -115,3 +115,12 @@ def check_prompt_fits(num_prompt_tokens: int, max_new_tokens: int, context_lengt
             f"The prompt is {num_prompt_tokens:,} tokens and max-new-tokens is {max_new_tokens}, but the model's "
             f"context holds {context_length} tokens: shorten the prompt or lower max-new-tokens."
         )
+
+
+def whole_number(name: str, value: float | None) -> int:
+    """A whole number from a number field (which may send 3.0, or None when emptied)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise ValueError(f"{name} must be a whole number, got {value!r}.")
+    if value != int(value):
+        raise ValueError(f"{name} must be a whole number, got {value}.")
+    return int(value)

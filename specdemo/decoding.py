@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from specdemo.candidates import CandidateVerdict, verify_batch
+from specdemo.candidates import CandidateVerdict, Verify, verify_batch
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.drafters import Draft, Drafter, DraftRequest, NoDrafter
 from specdemo.sampling import build_warpers, greedy_token_ids, logits_to_probs
@@ -146,7 +146,7 @@ def _row_tensors(
     return candidates, lengths, draft_probs, target_probs, uniforms
 
 
-def _pad_and_verify(inputs: list[tuple[torch.Tensor, ...]]) -> CandidateVerdict:
+def _pad_and_verify(inputs: list[tuple[torch.Tensor, ...]], verify: Verify) -> CandidateVerdict:
     """Pad every row to the largest W and K (padding candidates have length 0, so they are never tested; a row's
     draws keep their meaning: test (j, w) reads j*W + w of the row's own W) and run the vmapped rule."""
     num_candidates = max(c.shape[0] for c, *_ in inputs)
@@ -167,7 +167,7 @@ def _pad_and_verify(inputs: list[tuple[torch.Tensor, ...]]) -> CandidateVerdict:
                 draws,
             )
         )
-    return verify_batch(*(torch.stack(column) for column in zip(*padded, strict=True)))
+    return verify(*(torch.stack(column) for column in zip(*padded, strict=True)))
 
 
 def _trace(verdict: CandidateVerdict, b: int, draft: Draft) -> tuple[CandidateTrace, ...]:
@@ -197,9 +197,16 @@ class BatchDecoder:
     leave when they finish (EOS or max_new_tokens) or with remove(). Each row has its own settings and generator, so
     its tokens are those it would get decoded alone."""
 
-    def __init__(self, target: PreTrainedModel, drafter: Drafter, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: Drafter,
+        eos_token_ids: frozenset[int],
+        verify: Verify = verify_batch,  # the multi-candidate rule; the audit plants bugs here
+    ) -> None:
         self.verifier = TreeCachedModel(target)
         self.drafter = drafter
+        self.verify = verify
         self.eos_token_ids = eos_token_ids
         self.rows: dict[Hashable, _Row] = {}
 
@@ -235,7 +242,6 @@ class BatchDecoder:
         drafts = [_cut_at_eos(proposed.get(key, Draft([], None)), self.eos_token_ids) for key in keys]
         drafted = time.perf_counter()
         forward_before = self.verifier.forward_seconds
-        prefilled = self._prefill_joining(keys, rows)
         target_logits = self.verifier.logits(
             {
                 key: RowRequest(row.sequence_ids, d.token_ids, "all")
@@ -252,7 +258,7 @@ class BatchDecoder:
                 failed[key] = error
         kept = [i for i, key in enumerate(keys) if key not in failed]
         keys, rows, drafts = [keys[i] for i in kept], [rows[i] for i in kept], [drafts[i] for i in kept]
-        verdict = _pad_and_verify(inputs) if inputs else None
+        verdict = _pad_and_verify(inputs, self.verify) if inputs else None
         timings = dict(
             draft_seconds=drafted - started,
             verify_seconds=verified - drafted,
@@ -264,7 +270,7 @@ class BatchDecoder:
         outcomes: list[tuple[Hashable, Round | Exception]] = []
         for b, (key, row, draft) in enumerate(zip(keys, rows, drafts, strict=True)):
             try:
-                outcomes.append((key, self._finish_round(b, key, row, draft, verdict, timings, prefilled)))
+                outcomes.append((key, self._finish_round(b, key, row, draft, verdict, timings)))
             except Exception as error:
                 failed[key] = error
         for key in failed:
@@ -275,17 +281,6 @@ class BatchDecoder:
             for key, outcome in outcomes
         ] + list(failed.items())
 
-    def _prefill_joining(self, keys: list[Hashable], rows: list[_Row]) -> dict[Hashable, int]:
-        """Rows joining a running batch read their prompt (all but its last token) in a pass of their own, so the
-        round's pass is not padded to a prompt's length for every running row. Returns the tokens each read."""
-        joining = {key: row for key, row in zip(keys, rows, strict=True) if row.num_rounds == 0}
-        if len(joining) == len(rows) or not any(len(row.sequence_ids) > 1 for row in joining.values()):
-            return {}  # a new batch reads its prompts in its first round
-        asked = {key: RowRequest(row.sequence_ids[:-1], [], "tips") for key, row in joining.items()}
-        asked = {key: request for key, request in asked.items() if request.trunk_ids}
-        self.verifier.logits(asked)
-        return {key: len(request.trunk_ids) for key, request in asked.items()}
-
     def _finish_round(
         self,
         b: int,
@@ -294,7 +289,6 @@ class BatchDecoder:
         draft: Draft,
         verdict: CandidateVerdict,
         timings: dict[str, float | int],
-        prefilled: dict[Hashable, int],
     ) -> Round:
         """Row b's Round from the verdict; the row grows by its emitted tokens and leaves when it is done."""
         candidates = _trace(verdict, b, draft)
@@ -315,7 +309,7 @@ class BatchDecoder:
             next_token_id=emitted[-1] if has_next else None,
             next_kind=("resampled" if tested_at_end else "bonus") if has_next else None,
             next_token_prob=float(verdict.next_token_probs[b]) if has_next else None,
-            num_input_tokens=self.verifier.last_input_lengths[key] + prefilled.get(key, 0),
+            num_input_tokens=self.verifier.last_input_lengths[key],
             other_seconds=0.0,
             candidates=candidates,
             path=path,

@@ -58,21 +58,27 @@ def round_spans(round_: Round, decode: Decode, emitted: list[int]) -> list[Token
             )
         )
         (emitted if accepted else refused).append(token)
-    if round_.next_token_id is not None and round_.next_kind is not None:
-        spans.append(
-            TokenSpan(
-                text=token_text(decode, emitted, round_.next_token_id),
-                kind=round_.next_kind,
-                round_index=round_.index,
-                token_id=round_.next_token_id,
-                target_prob=round_.next_token_prob,
-                draft_prob=None,
-                acceptance_prob=None,
-                uniform=None,
-            )
-        )
-        emitted.append(round_.next_token_id)
+    next_span = _next_span(round_, decode, emitted)
+    if next_span is not None:
+        spans.append(next_span)
+        emitted.append(next_span.token_id)
     return spans
+
+
+def _next_span(round_: Round, decode: Decode, context_ids: Sequence[int]) -> TokenSpan | None:
+    """The round's resampled or bonus token after `context_ids`; None when an accepted EOS ended the run."""
+    if round_.next_token_id is None or round_.next_kind is None:
+        return None
+    return TokenSpan(
+        text=token_text(decode, context_ids, round_.next_token_id),
+        kind=round_.next_kind,
+        round_index=round_.index,
+        token_id=round_.next_token_id,
+        target_prob=round_.next_token_prob,
+        draft_prob=None,
+        acceptance_prob=None,
+        uniform=None,
+    )
 
 
 def token_spans(rounds: Sequence[Round], decode: Decode) -> list[TokenSpan]:
@@ -310,20 +316,8 @@ def candidates_html(rounds: Sequence[Round], decode: Decode) -> str:
                     f"</span>{html_spans(spans, round_marks=False)}</div>"
                 )
             shared = f", shared by {round_.num_rows} rows" if round_.num_rows > 1 else ""
-            then = ""
-            if round_.next_token_id is not None and round_.next_kind is not None:
-                accepted = round_.draft_token_ids[: round_.num_accepted]
-                next_span = TokenSpan(
-                    text=token_text(decode, emitted + accepted, round_.next_token_id),
-                    kind=round_.next_kind,
-                    round_index=round_.index,
-                    token_id=round_.next_token_id,
-                    target_prob=round_.next_token_prob,
-                    draft_prob=None,
-                    acceptance_prob=None,
-                    uniform=None,
-                )
-                then = f", then {round_.next_kind} {html_spans([next_span], round_marks=False)}"
+            next_span = _next_span(round_, decode, emitted + round_.draft_token_ids[: round_.num_accepted])
+            then = f", then {next_span.kind} {html_spans([next_span], round_marks=False)}" if next_span else ""
             blocks.append(
                 f'<div class="cand-round"><div class="cand-head">round {round_.index + 1}: '
                 f"{round_.num_accepted} accepted{then}{shared}</div>{''.join(lines)}</div>"

@@ -15,6 +15,7 @@ from pathlib import Path
 import gradio as gr
 import torch
 
+from specdemo.audit_tab import build_audit_tab
 from specdemo.config import (
     MAX_NUM_CANDIDATES,
     MAX_NUM_DRAFT_TOKENS,
@@ -24,8 +25,10 @@ from specdemo.config import (
     SpeculativeConfig,
     check_prompt,
     check_prompt_fits,
+    whole_number,
 )
 from specdemo.decoding import Round
+from specdemo.messages import user_error
 from specdemo.model_cache import ModelCache
 from specdemo.models import (
     LOCAL_PATHS_VARIABLE,
@@ -159,7 +162,7 @@ def parse_request(
 ) -> RunRequest:
     """The form's values as checked settings; a ValueError names the first bad one."""
     check_prompt(prompt)
-    if _whole("max new tokens", max_new_tokens) > UI_MAX_NEW_TOKENS:
+    if whole_number("max new tokens", max_new_tokens) > UI_MAX_NEW_TOKENS:
         raise ValueError(f"max new tokens must be between 1 and {UI_MAX_NEW_TOKENS} here, got {max_new_tokens}.")
     allow_local = os.environ.get(LOCAL_PATHS_VARIABLE) == "1"
     pair = (
@@ -169,31 +172,22 @@ def parse_request(
     )
     sampling = SamplingConfig(
         temperature=temperature,
-        top_k=_whole("top-k", top_k),
+        top_k=whole_number("top-k", top_k),
         top_p=top_p,
         repetition_penalty=repetition_penalty,
-        seed=_whole("seed", seed),
+        seed=whole_number("seed", seed),
     )
     speculative = SpeculativeConfig(
-        num_draft_tokens=_whole("draft tokens per round", num_draft_tokens),
-        max_new_tokens=_whole("max new tokens", max_new_tokens),
+        num_draft_tokens=whole_number("draft tokens per round", num_draft_tokens),
+        max_new_tokens=whole_number("max new tokens", max_new_tokens),
         draft_temperature=draft_temperature if pair.uses_draft_model else None,
-        num_candidates=_whole("candidates per round (W)", num_candidates),
+        num_candidates=whole_number("candidates per round (W)", num_candidates),
     )
     if speculative.max_new_tokens > UI_MAX_NEW_TOKENS:
         raise ValueError(
             f"max new tokens must be between 1 and {UI_MAX_NEW_TOKENS} here, got {speculative.max_new_tokens}."
         )
     return RunRequest(prompt, pair, sampling, speculative, bool(chat), bool(compare), allow_local)
-
-
-def _whole(name: str, value: float | None) -> int:
-    """A whole number from a number field (which may send 3.0, or None when emptied)."""
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise ValueError(f"{name} must be a whole number, got {value!r}.")
-    if value != int(value):
-        raise ValueError(f"{name} must be a whole number, got {value}.")
-    return int(value)
 
 
 def _trace_file(
@@ -218,11 +212,6 @@ def _trace_file(
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="specdemo-trace-", delete=False) as handle:
         json.dump(trace, handle, indent=1)
     return handle.name
-
-
-def user_error(message: str, log: bool = False) -> gr.Error:
-    """Gradio shows an error's message as HTML, and ours may quote what the user typed: escape it."""
-    return gr.Error(html.escape(message, quote=False), print_exception=log)
 
 
 def check_settings(*values: object) -> None:
@@ -351,7 +340,13 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
             _, run, encoded = prepare(texts, values, progress)
         except ValueError as error:
             raise user_error(str(error)) from error
-        yield from stream_batch(run, texts, encoded, sweep)
+        try:
+            yield from stream_batch(run, texts, encoded, sweep)
+        except Exception as error:  # one prompt's row failed: this batch fails, the app and other runs go on
+            message = f"The batch failed ({error.__class__.__name__}: {str(error)[:200]})"
+            raise user_error(
+                f"{message}. The app is still serving: try again, or fewer prompts or tokens.", log=True
+            ) from error
 
     theme_css = TOKEN_CSS + CANDIDATES_CSS + LANES_CSS
     with gr.Blocks(title="specdemo: speculative decoding, made visible") as demo:
@@ -393,7 +388,9 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                     label="Candidates per round (W): drafts the target checks together",
                     elem_id="num-candidates",
                 )
-                max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
+                max_new_tokens = gr.Slider(
+                    1, UI_MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens", elem_id="max-new-tokens"
+                )
                 seed = gr.Number(0, minimum=0, step=1, label="Seed")
                 chat = gr.Checkbox(True, label="Apply the chat template")
                 compare = gr.Checkbox(True, label="Then run the target alone, to compare")
@@ -453,6 +450,8 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                         if sweep is not None:
                             gr.Plot(candidates_sweep_figure(sweep), show_label=False)
                     gr.Markdown(sweep_caption(sweep))
+                with gr.Tab("Audit: is it lossless?", id="audit"):
+                    build_audit_tab(cache, shared_schedulers.models_lock)
 
         pair.change(  # queue=False: the note changes at once, even while a run holds the queue's run slot
             describe_pair,

@@ -67,22 +67,6 @@ def hf_greedy(
     return output[0, prompt_ids.shape[1] :].tolist()
 
 
-def tv_distance(counts: torch.Tensor, probs: torch.Tensor) -> float:  # [V] counts, [V] probs
-    """Total-variation distance between the empirical distribution of `counts` and `probs`."""
-    counts, probs = counts.double(), probs.double()
-    return 0.5 * float((counts / counts.sum() - probs / probs.sum()).abs().sum())
-
-
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:  # [V] counts, [V] probs
-    """Pearson's goodness-of-fit p-value over the cells with probs > 0 (the others must hold no counts)."""
-    counts, probs = counts.double(), probs.double()
-    support = probs > 0
-    expected = counts.sum() * probs[support] / probs[support].sum()
-    chi2 = ((counts[support] - expected) ** 2 / expected).sum()
-    dof = torch.tensor((int(support.sum()) - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, chi2 / 2))
-
-
 NEAR_TIE = 1e-3  # top-2 logit gap under which float32 reordering may flip a greedy argmax
 
 

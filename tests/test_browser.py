@@ -175,6 +175,8 @@ def test_a_run_with_three_candidates_shows_each_rounds_candidates(browser, app, 
     page.get_by_text("Candidates of each round (W)").click()
     page.get_by_text("Write a short story about a lighthouse keeper", exact=False).first.click()  # the draft model
     page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')")
+    page.locator("#max-new-tokens input[type=number]").fill("32")  # three runs (and two alone) of 128 took 2 minutes
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
     page.click("#run")
     page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
     page.wait_for_selector("#candidates .cand-round")
@@ -183,8 +185,28 @@ def test_a_run_with_three_candidates_shows_each_rounds_candidates(browser, app, 
     )
     assert counts and all(count == 3 for count in counts), counts  # three sampled beams in every round
     assert page.locator("#candidates .cand-path").count() > 0  # the accepted path is marked
-    title = page.get_attribute("#candidates .tok", "title")
+    title = page.get_attribute("#candidates .cand .tok", "title")
     assert "target p =" in title and "draft q =" in title and "min(1, p/q)" in title
     page.locator("#candidates .cand-round").first.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / f"candidates-{theme}.png"), full_page=True)
+    page.close()
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_audit_passes_for_the_sampler_and_fails_for_a_planted_bug(browser, app, theme):
+    page = open_page(browser, app, theme)
+    page.get_by_role("tab", name="Audit: is it lossless?").click()
+    page.click("#audit-run")
+    page.wait_for_function("document.querySelector('#audit-verdict')?.innerText.startsWith('Lossless')", timeout=60_000)
+    page.wait_for_selector("#audit-chart .js-plotly-plot .main-svg")
+    page.wait_for_selector("#audit-tv-chart .js-plotly-plot .main-svg")
+    page.screenshot(path=str(ARTIFACTS / f"audit-pass-{theme}.png"), full_page=True)
+    page.locator("#audit-bug input").click()
+    page.get_by_role("option", name="always accept", exact=False).click()
+    page.click("#audit-run")
+    page.wait_for_function(
+        "document.querySelector('#audit-verdict')?.innerText.startsWith('Not lossless')", timeout=60_000
+    )
+    assert "Planted bug, always accept" in page.inner_text("#audit-verdict")
+    page.screenshot(path=str(ARTIFACTS / f"audit-fail-{theme}.png"), full_page=True)
     page.close()

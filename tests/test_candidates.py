@@ -8,10 +8,10 @@ import time
 import pytest
 import torch
 
+from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.candidates import choose_draft_tokens, verify_batch, verify_candidates
 from specdemo.rejection import rejection_sample
 from specdemo.sampling import sample_from_probs, sample_one
-from tests.conftest import chi_square_pvalue, tv_distance
 
 V = 8
 START = 0  # the token before the first round

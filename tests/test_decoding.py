@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.sampling import build_warpers, logits_to_probs
 from specdemo.stats import emitted_ids, run_stats
-from tests.conftest import TINY_VOCAB, chi_square_pvalue, hf_greedy, tv_distance
+from tests.conftest import TINY_VOCAB, hf_greedy
 
 NO_EOS: frozenset[int] = frozenset()
 EOS = frozenset([1])  # the tiny models' eos_token_id, which generate() stops at too

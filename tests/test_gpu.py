@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
+from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.bench import run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
@@ -23,7 +24,7 @@ from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_
 from specdemo.prompts import PROMPTS
 from specdemo.rejection import rejection_sample
 from specdemo.stats import emitted_ids, run_stats
-from tests.conftest import SPELLING, TINY_VOCAB, chi_square_pvalue, hf_greedy, launched_app, tiny_model, tv_distance
+from tests.conftest import SPELLING, TINY_VOCAB, hf_greedy, launched_app, tiny_model
 
 DEVICE_VARIABLE = "SPECDEMO_GPU_TEST_DEVICE"
 DEVICE = torch.device(os.environ.get(DEVICE_VARIABLE) or "cuda")

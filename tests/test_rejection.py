@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import specdemo.rejection as rejection_module
+from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig
 from specdemo.rejection import (
     PADDING_ID,
@@ -19,7 +20,6 @@ from specdemo.rejection import (
     residual_probs,
 )
 from specdemo.sampling import build_warpers, logits_to_probs
-from tests.conftest import chi_square_pvalue, tv_distance
 
 NUM_ROWS = 100_000  # rows in one batched call; sampling noise then keeps TV near 0.003
 MAX_TV = 0.01

@@ -117,8 +117,8 @@ def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, o
     assert max(r["widest_pass"] for r in results) >= 4, "the runs never shared a pass"
     identical, near_ties = 0, 0
     for result in results:
-        alone = run_alone(offline_model, result["prompt"], result["variant"], result["seed"])
         if result["variant"].get("temperature", 0.0) == 0.0:
+            alone = run_alone(offline_model, result["prompt"], result["variant"], result["seed"])
             prompt = chat_prompt_ids(offline_model, result["prompt"])[0].tolist()
             equal = assert_equal_or_near_tie(offline_model.model, prompt, result["ids"], alone, str(result["seed"]))
             identical, near_ties = identical + equal, near_ties + (not equal)
@@ -146,7 +146,7 @@ def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, o
     print(json.dumps(figures))
     assert figures["time_to_first_token_p50"] <= 3.0 and figures["time_to_first_token_p95"] <= 8.0, figures
     # The issue asks for 0.5; on this 2-core float32 CPU a shared pass is padded to its widest row, and the measured
-    # ratio is 0.80-0.89 (README, "Many users at once"). The bound holds what is true: sharing never loses.
+    # ratio is 0.73-0.89 (README, "Many users, bad input, failures"). The bound holds what is true: sharing never loses.
     assert wall <= SHARED_WALL_BOUND * sequential_wall, figures
     growth = rss_after_load - rss_after_first
     assert growth <= 0.10 * rss_after_first, f"resident memory grew {growth / 2**20:.0f} MB"
@@ -246,6 +246,21 @@ def test_a_failure_in_one_row_reaches_only_its_user(client, app, monkeypatch):
     assert other.result()[0].count("tok-") >= 20, "the run beside it should complete"
     monkeypatch.undo()
     assert "tok-" in client.predict(**settings(max_new_tokens=8), api_name="/generate")[0]
+
+
+def test_a_failure_in_a_batch_is_one_sentence_and_the_app_keeps_serving(client, monkeypatch):
+    real = specdemo.decoding.logits_to_probs
+
+    def faulty(logits, contexts, sampling, warpers):
+        if sampling.seed == 701:  # the batch's second prompt (seed 700 + 1)
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(logits, contexts, sampling, warpers)
+
+    monkeypatch.setattr(specdemo.decoding, "logits_to_probs", faulty)
+    with pytest.raises(AppError, match=r"The batch failed \(RuntimeError: CUDA out of memory \(simulated\)\)"):
+        client.predict(prompts=["a", "b", "c"], temperature=1.0, seed=700, max_new_tokens=8, api_name="/generate_batch")
+    monkeypatch.undo()
+    assert client.predict(prompts=["a", "b"], max_new_tokens=4, api_name="/generate_batch")[3][1]["token_ids"]
 
 
 def test_a_run_past_its_time_budget_stops_and_says_so(client, monkeypatch):
