@@ -4,6 +4,7 @@ model mode; the same seed gives the same counts; toy mode at N = 1,000,000 is qu
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -12,10 +13,10 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specdemo.audit import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
+from specdemo.audit import BUGS, MODEL_BATCH_ROWS, TOY_PRESETS, model_audit, parse_weights, toy_audit
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.drafters import ModelDrafter
-from tests.conftest import TINY_VOCAB, tiny_model
+from tests.conftest import TINY_VOCAB, assert_engine_stops_within_a_second, count_rounds, tiny_model, wait_for_rounds
 
 PLANTED = [bug for bug in BUGS if bug != "none"]
 
@@ -192,3 +193,14 @@ def test_bad_audit_input_is_one_sentence(client, changes, message):
     with pytest.raises(AppError) as caught:
         client.predict(**changes, api_name="/audit")
     assert message in str(caught.value), str(caught.value)[:300]
+
+
+def test_stop_ends_a_model_audit_within_a_second_and_the_app_keeps_serving(client, monkeypatch):
+    counter = count_rounds(monkeypatch)
+    job = client.submit(mode="model", num_samples=5_000, api_name="/audit")
+    wait_for_rounds(counter, 3 * MODEL_BATCH_ROWS)
+    job.cancel()
+    assert_engine_stops_within_a_second(counter, 4 * 5_000)
+    assert not [t for t in threading.enumerate() if t.name == "specdemo-audit"]
+    verdict, *_ = client.predict(num_samples=10_000, api_name="/audit")
+    assert verdict.startswith("**Lossless")
