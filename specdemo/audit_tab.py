@@ -8,17 +8,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from functools import partial
 
 import gradio as gr
+import torch
 
 from specdemo.audit import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
 from specdemo.config import MAX_NUM_CANDIDATES, SamplingConfig, SpeculativeConfig, check_prompt, whole_number
 from specdemo.messages import user_error
 from specdemo.model_cache import ModelCache
 from specdemo.models import chat_prompt_ids
-from specdemo.pairs import DEFAULT_PAIR, PAIRS, find_pair, load_pair, make_drafter
+from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, find_pair, load_pair, make_drafter
 from specdemo.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
 
 MODES = ("toy", "model")
@@ -70,28 +71,92 @@ def _audit_file(record: dict) -> str:
     return handle.name
 
 
-def run_toy(
-    bug: str, num_samples: int, seed: int, target_weights: str, draft_weights: str, num_draft_tokens: int, w: int
-) -> tuple:
-    target, draft = parse_weights(target_weights, "target p"), parse_weights(draft_weights, "draft q")
-    if len(target) != len(draft):
+@dataclass(frozen=True)
+class AuditRequest:
+    """An audit's settings, checked."""
+
+    mode: str
+    bug: str
+    num_samples: int
+    seed: int
+    num_draft_tokens: int  # K
+    num_candidates: int  # W
+    target: torch.Tensor | None = None  # toy: p and q, normalised
+    draft: torch.Tensor | None = None
+    sampling: SamplingConfig | None = None  # model mode
+    num_tokens: int = 0
+    prompt: str = ""
+    pair: Pair | None = None
+
+
+def parse_audit(
+    mode: str,
+    bug: str,
+    num_samples: float,
+    seed: float,
+    target_weights: str,
+    draft_weights: str,
+    num_draft_tokens: float,
+    num_candidates: float,
+    prompt: str,
+    pair: str,
+    temperature: float,
+    top_k: float,
+    top_p: float,
+    repetition_penalty: float,
+    num_tokens: float,
+) -> AuditRequest:
+    """The form's values as a checked request; a ValueError names the first bad one."""
+    if mode not in MODES:
+        raise ValueError(f"Unknown audit mode {mode!r}: pick 'toy' or 'model'.")
+    if bug not in BUGS:
+        raise ValueError(f"Unknown bug {bug!r}: pick one of {', '.join(BUGS)}.")
+    common = (mode, bug, _samples(mode, num_samples), whole_number("seed", seed))
+    common += (_in_range("draft tokens per round (K)", num_draft_tokens, 1, MAX_TOY_DRAFT_TOKENS),)
+    common += (_in_range("candidates per round (W)", num_candidates, 1, MAX_NUM_CANDIDATES),)
+    if mode == "toy":
+        target, draft = parse_weights(target_weights, "target p"), parse_weights(draft_weights, "draft q")
+        if len(target) != len(draft):
+            raise ValueError(
+                f"The target p has {len(target)} weights and the draft q {len(draft)}: give both one weight per token."
+            )
+        return AuditRequest(*common, target=target, draft=draft)
+    if not temperature or float(temperature) <= 0:
         raise ValueError(
-            f"The target p has {len(target)} weights and the draft q {len(draft)}: give both one weight per token."
+            "Model mode samples, and temperature 0 is greedy decoding, which has nothing to sample: pick a "
+            "temperature such as 1.0."
         )
+    sampling = SamplingConfig(
+        temperature=temperature,
+        top_k=whole_number("top-k", top_k),
+        top_p=top_p,
+        repetition_penalty=repetition_penalty,
+        seed=common[3],
+    )
+    tokens = _in_range("tokens per sample", num_tokens, 1, MAX_AUDIT_TOKENS)
+    check_prompt(prompt)
+    return AuditRequest(*common, sampling=sampling, num_tokens=tokens, prompt=prompt, pair=find_pair(pair))
+
+
+def check_audit(*values: object) -> None:
+    """The form's values, checked before anything runs: a refusal is a message, the last audit's charts stay."""
+    try:
+        parse_audit(*values[:4], *values[5:])  # type: ignore[arg-type]  (the preset only fills the weights)
+    except ValueError as error:
+        raise user_error(str(error)) from error
+
+
+def run_toy(request: AuditRequest) -> tuple:
+    assert request.target is not None and request.draft is not None
+    k, w = request.num_draft_tokens, request.num_candidates
     started = time.perf_counter()
-    result = toy_audit(target, draft, num_draft_tokens, num_samples, w, bug, seed)
+    result = toy_audit(request.target, request.draft, k, request.num_samples, w, request.bug, request.seed)
     seconds = time.perf_counter() - started
-    settings = {
-        "mode": "toy",
-        "bug": bug,
-        "num_samples": num_samples,
-        "seed": seed,
-        "num_draft_tokens": num_draft_tokens,
-    }
-    settings["num_candidates"] = w
+    settings = {"mode": "toy", "bug": request.bug, "num_samples": request.num_samples, "seed": request.seed}
+    settings |= {"num_draft_tokens": k, "num_candidates": w}
     record = {"settings": settings, **asdict(result), "seconds": seconds}
-    verdict = f"**{result.verdict}**\n\n{_describe(bug, seed)} N = {num_samples:,}, K = {num_draft_tokens}, W = {w}; "
-    verdict += f"{seconds:.1f} s."
+    verdict = f"**{result.verdict}**\n\n{_describe(request.bug, request.seed)} N = {request.num_samples:,}, K = {k}, "
+    verdict += f"W = {w}; {seconds:.1f} s."
     return (
         verdict,
         toy_audit_figure(result.counts, result.target, result.passes),
@@ -132,38 +197,40 @@ def build_audit_tab(cache: ModelCache, models_lock: threading.Lock) -> None:
         samples of the first `num_tokens` tokens of `prompt`, speculative against the target alone. `bug` plants
         one of the broken samplers. Returns the verdict sentence, two charts and the audit as JSON."""
         try:
-            if mode not in MODES:
-                raise ValueError(f"Unknown audit mode {mode!r}: pick 'toy' or 'model'.")
-            if bug not in BUGS:
-                raise ValueError(f"Unknown bug {bug!r}: pick one of {', '.join(BUGS)}.")
-            count, seed_ = _samples(mode, num_samples), whole_number("seed", seed)
-            k = _in_range("draft tokens per round (K)", num_draft_tokens, 1, MAX_TOY_DRAFT_TOKENS)
-            w = _in_range("candidates per round (W)", num_candidates, 1, MAX_NUM_CANDIDATES)
-            if mode == "toy":
-                yield run_toy(bug, count, seed_, target_weights, draft_weights, k, w)
-                return
-            if not temperature or float(temperature) <= 0:
-                raise ValueError(
-                    "Model mode samples, and temperature 0 is greedy decoding, which has nothing to sample: pick a "
-                    "temperature such as 1.0."
-                )
-            sampling = SamplingConfig(
-                temperature=temperature,
-                top_k=whole_number("top-k", top_k),
-                top_p=top_p,
-                repetition_penalty=repetition_penalty,
-                seed=seed_,
+            request = parse_audit(
+                mode,
+                bug,
+                num_samples,
+                seed,
+                target_weights,
+                draft_weights,
+                num_draft_tokens,
+                num_candidates,
+                prompt,
+                pair,
+                temperature,
+                top_k,
+                top_p,
+                repetition_penalty,
+                num_tokens,
             )
-            tokens = _in_range("tokens per sample", num_tokens, 1, MAX_AUDIT_TOKENS)
-            check_prompt(prompt)
-            chosen = find_pair(pair)
         except ValueError as error:
             raise user_error(str(error)) from error
-        target, draft = load_pair(chosen, cache, lambda message: progress(0.0, desc=message))
+        if request.mode == "toy":
+            yield run_toy(request)
+            return
+        assert request.pair is not None and request.sampling is not None
+        chosen, sampling, tokens, count = request.pair, request.sampling, request.num_tokens, request.num_samples
+        try:
+            target, draft = load_pair(chosen, cache, lambda message: progress(0.0, desc=message))
+        except ValueError as error:  # no network for a Hub pair, not enough memory: the sentence says which
+            raise user_error(str(error)) from error
         speculative = SpeculativeConfig(
-            num_draft_tokens=k, num_candidates=w, draft_temperature=chosen.draft_temperature
+            num_draft_tokens=request.num_draft_tokens,
+            num_candidates=request.num_candidates,
+            draft_temperature=chosen.draft_temperature,
         )
-        prompt_ids = chat_prompt_ids(target, prompt)[0].tolist()
+        prompt_ids = chat_prompt_ids(target, request.prompt)[0].tolist()
         yield from _stream_model_audit(
             partial(
                 model_audit,
@@ -175,11 +242,11 @@ def build_audit_tab(cache: ModelCache, models_lock: threading.Lock) -> None:
                 speculative,
                 tokens,
                 count,
-                bug,
+                request.bug,
                 lock=models_lock,
             ),
             partial(target.tokenizer.decode, skip_special_tokens=False),
-            {"mode": "model", "bug": bug, "num_samples": count, "pair": chosen.key, "prompt": prompt}
+            {"mode": "model", "bug": request.bug, "num_samples": count, "pair": chosen.key, "prompt": request.prompt}
             | {"prompt_token_ids": prompt_ids, "num_tokens": tokens, "sampling": asdict(sampling)}
             | {"speculative": asdict(speculative), "device": target.description},
             progress,
@@ -248,7 +315,8 @@ def build_audit_tab(cache: ModelCache, models_lock: threading.Lock) -> None:
     )
     inputs = [mode, bug, num_samples, seed, preset, target_weights, draft_weights, num_draft_tokens, num_candidates]
     inputs += [prompt, pair, temperature, top_k, top_p, repetition_penalty, num_tokens]
-    event = run.click(
+    checked = run.click(check_audit, inputs=inputs, outputs=None, preprocess=False, api_visibility="private")
+    event = checked.success(  # /audit checks again, for API clients
         audit,
         inputs=inputs,
         outputs=[verdict, chart, tv_chart, download],
