@@ -273,11 +273,9 @@ def toy_audit(
 def _chunks(total: int) -> list[int]:
     """Chunk sizes 1000, 1000, 2000, 4000, ... up to CHUNK, then CHUNK: TV is recorded after each, so the curve
     has points at every scale of N."""
-    sizes, done, size = [], 0, 1_000
-    while done < total:
-        sizes.append(min(size, total - done))
-        done += sizes[-1]
-        size = min(2 * done, CHUNK) if done >= 1_000 else size
+    sizes: list[int] = []
+    while (done := sum(sizes)) < total:
+        sizes.append(min(max(done, 1_000), CHUNK, total - done))  # N so far doubles, up to CHUNK at a time
     return sizes
 
 

@@ -1,4 +1,5 @@
-"""The Gradio app: layout and handlers (the only module importing gradio); the engine does the work."""
+"""The Gradio app: the page, its One prompt and Batch tabs and their handlers; the engine does the work (the Audit
+tab is audit_tab.py, the refusal message messages.py: the only other modules importing gradio)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ except ImportError:
 
 CUSTOM = "custom"
 UI_MAX_NEW_TOKENS = 512  # the slider's end: a run stays well under a minute on a CPU
-CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~28 ms to build four): at most 2 updates a second, shared
+CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~3 ms to build four): at most 2 updates a second, shared
 # by the rows of a batch (each of 8 rows' pages gets one every 4 s), as are the tokens' updates
 TOKENS_INTERVAL_SECONDS = 0.1  # tokens stream in batches of rounds, so the page's work never slows the engine
 RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one at a time on ZeroGPU)

@@ -163,8 +163,8 @@ def test_a_thousand_samples_of_two_tokens_on_the_offline_default_take_at_most_a_
     assert chart  # the two samples' most frequent sequences
     assert sum(record["speculative"]) == sum(record["target_only"]) == 1_000
     assert record["settings"]["pair"] == "smollm2-135m-ngram" and record["settings"]["sampling"]["seed"] == 0
-    # The issue's bound is 60 s; here it takes ~40 s through the app (~25 s for the engine alone, README), and CI
-    # machines have been 1.5x slower than this one: the test allows 90 s, the README reports what was measured.
+    # The issue's bound is 60 s: 31 s here from a client in another process, 34-57 s from this in-process client
+    # (it polls every millisecond); CI machines have been 1.5x slower: the test allows 90 s, the README says why.
     assert record["seconds"] <= 90.0 and seconds <= 90.0, f"{record['seconds']:.1f} s in the app, {seconds:.1f} s"
 
 
