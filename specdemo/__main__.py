@@ -15,8 +15,10 @@ import torch
 from specdemo.batch_bench import batch_table, run_batch_bench
 from specdemo.bench import bench_app, bench_pass_costs, bench_rejection_sampler, markdown_table, run_bench
 from specdemo.config import (
+    DEFAULT_SUFFIX_CACHE_TOKENS,
     MAX_BATCH_SIZE,
     MAX_NUM_CANDIDATES,
+    MAX_SUFFIX_CACHE_TOKENS,
     SamplingConfig,
     SpeculativeConfig,
     check_batch_size,
@@ -24,17 +26,35 @@ from specdemo.config import (
     check_prompt_fits,
 )
 from specdemo.decoding import Round, autoregressive_generate, batch_generate, speculative_generate
+from specdemo.drafter_kinds import drafter_names
 from specdemo.drafters import NoDrafter
 from specdemo.model_cache import ModelCache
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids
-from specdemo.pairs import DEFAULT_PAIR, NGRAM, Pair, custom_pair, find_pair, load_pair, make_drafter, pairs_table
+from specdemo.models import (
+    DTYPE_CHOICES,
+    OFFLINE_DEFAULT,
+    LoadedModel,
+    chat_prompt_ids,
+    dtype_reason,
+    pick_device,
+    resolve_dtype,
+)
+from specdemo.pairs import (
+    DEFAULT_PAIR,
+    NGRAM,
+    PAIRS,
+    Pair,
+    custom_pair,
+    find_pair,
+    load_pair,
+    make_drafter,
+    pairs_table,
+)
 from specdemo.prompts import MAX_PROMPTS_FILE_LINES, PROMPTS, load_prompt_lines, load_prompts
 from specdemo.render import ansi_text, token_spans
 from specdemo.stats import round_record, run_stats
 
 EXIT_BAD_INPUT = 2  # as argparse uses for bad arguments
 EXIT_RUN_FAILED = 1  # the settings were fine but the run failed (a model error, out of memory...)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # the bench compares them: see the README
 
 
 def _progress(message: str) -> None:
@@ -47,9 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)  # options of both generate and bench
     common.add_argument("--debug", action="store_true", help="show the Python traceback when a run fails")
     common.add_argument(
+        "--suffix-cache-tokens",
+        type=int,
+        default=DEFAULT_SUFFIX_CACHE_TOKENS,
+        help=f"earlier outputs a suffix drafter remembers, 0..{MAX_SUFFIX_CACHE_TOKENS:,} tokens",
+    )
+    common.add_argument(  # no argparse choices: an unknown format gets resolve_dtype's sentence
         "--dtype",
-        choices=sorted(DTYPES),
-        help="weights and activations (probabilities stay float32); default: bfloat16 on CUDA, float32 elsewhere",
+        default="auto",
+        metavar="{" + ",".join(DTYPE_CHOICES) + "}",
+        help="weights and activations (probabilities stay float32); auto (the default): bfloat16 on CUDA and on CPUs "
+        "with AMX or AVX-512 BF16, float32 elsewhere",
     )
 
     generate = commands.add_parser("generate", parents=[common], help="decode one prompt and show every round")
@@ -67,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--pair", help="a pair from `python -m specdemo pairs` (instead of --target/--draft)")
     generate.add_argument("--target", default=OFFLINE_DEFAULT, help="model name, Hub id or directory")
-    generate.add_argument("--draft", default=NGRAM, help="'ngram' (prompt lookup) or a draft model name/Hub id/dir")
+    generate.add_argument(
+        "--draft", default=NGRAM, help=f"{drafter_names()} (no model), or a draft model name/Hub id/dir"
+    )
     generate.add_argument("--draft-temperature", type=float, help="a draft model's own temperature (default: target's)")
     generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     generate.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -113,9 +143,15 @@ def cli_pair(args: argparse.Namespace) -> Pair:
         if args.target != OFFLINE_DEFAULT or args.draft != NGRAM:
             raise ValueError("Give either --pair or --target/--draft, not both.")
         return find_pair(args.pair)
-    if args.target == OFFLINE_DEFAULT and args.draft == NGRAM:
-        return DEFAULT_PAIR
+    registered = [pair for pair in PAIRS if (pair.target, pair.drafter) == (args.target, args.draft)]
+    if registered:
+        return registered[0]
     return custom_pair(args.target, args.draft, allow_local=True)  # the command line may name directories
+
+
+def cli_dtype(args: argparse.Namespace) -> torch.dtype:
+    """--dtype on the device the models load on; a ValueError for an unknown or unsupported format."""
+    return resolve_dtype(args.dtype, pick_device())
 
 
 def generate_command(args: argparse.Namespace) -> int:
@@ -126,12 +162,13 @@ def generate_command(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
         num_candidates=args.num_candidates,
+        suffix_cache_tokens=args.suffix_cache_tokens,
     )
     if args.prompts_file:
         check_batch_size(args.batch_size)
         return generate_batch(args, pair, sampling, speculative, load_prompt_lines(args.prompts_file))
     check_prompt(args.prompt)
-    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype))
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=cli_dtype(args))
     prompt_ids = chat_prompt_ids(target, args.prompt, chat=not args.no_chat)  # [1, T]
     check_prompt_fits(prompt_ids.shape[1], speculative.max_new_tokens, target.context_length)
     started = time.perf_counter()
@@ -142,21 +179,23 @@ def generate_command(args: argparse.Namespace) -> int:
             )
         )
     else:
-        drafter = make_drafter(target, draft, speculative)
+        drafter = make_drafter(pair, target, draft, speculative)
         rounds = list(
             speculative_generate(target.model, drafter, prompt_ids, sampling, speculative, target.eos_token_ids)
         )
     wall_seconds = time.perf_counter() - started
     stats = run_stats(rounds)
     if args.json:
-        record = run_record(pair, target, None if args.baseline else pair.drafter, prompt_ids[0].tolist(), rounds)
+        draft_name = None if args.baseline else pair.drafter
+        record = run_record(pair, target, draft_name, prompt_ids[0].tolist(), rounds, args.dtype)
         record["stats"]["wall_seconds"] = wall_seconds
         print(json.dumps(record))
         return 0
     decode = partial(target.tokenizer.decode, skip_special_tokens=False)
     print(ansi_text(token_spans(rounds, decode)))
     print(
-        f"\n{target.description}: {stats.num_generated} tokens in {stats.num_target_forwards} target passes, "
+        f"\n{target.name} on {target.device.type}, {dtype_reason(args.dtype, target.device)}: "
+        f"{stats.num_generated} tokens in {stats.num_target_forwards} target passes, "
         f"{stats.tokens_per_second:.1f} tokens/s, α {stats.alpha:.2f} (accepted / tested), acceptance rate "
         f"{stats.acceptance_rate:.2f} (accepted / drafted), {stats.mean_tokens_per_round:.2f} tokens per pass",
         file=sys.stderr,
@@ -164,8 +203,11 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_record(pair: Pair, target: LoadedModel, draft: str | None, prompt_ids: list[int], rounds: list[Round]) -> dict:
-    """One run as the JSON object `generate --json` prints (one per prompt with --prompts-file)."""
+def run_record(
+    pair: Pair, target: LoadedModel, draft: str | None, prompt_ids: list[int], rounds: list[Round], dtype: str
+) -> dict:
+    """One run as the JSON object `generate --json` prints (one per prompt with --prompts-file); `dtype` is --dtype,
+    whose resolution the record explains."""
     generated = [token for round_ in rounds for token in round_.emitted_token_ids]
     stats = run_stats(rounds)
     return {
@@ -174,6 +216,7 @@ def run_record(pair: Pair, target: LoadedModel, draft: str | None, prompt_ids: l
         "draft": draft,
         "device": str(target.device),
         "dtype": str(target.model.dtype).removeprefix("torch."),
+        "dtype_reason": dtype_reason(dtype, target.device),
         "prompt_token_ids": prompt_ids,
         "generated_token_ids": generated,
         "text": target.tokenizer.decode(generated, skip_special_tokens=True),
@@ -187,11 +230,11 @@ def generate_batch(
 ) -> int:
     """Decode a file's prompts in batches of --batch-size (a finished row's place goes to the next prompt) and print
     one JSON object per prompt, in file order; row i samples with seed + i."""
-    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype))
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=cli_dtype(args))
     prompts = [chat_prompt_ids(target, text, chat=not args.no_chat)[0].tolist() for text in texts]
     for prompt in prompts:  # every line fits before anything runs
         check_prompt_fits(len(prompt), speculative.max_new_tokens, target.context_length)
-    drafter = NoDrafter() if args.baseline else make_drafter(target, draft, speculative)
+    drafter = NoDrafter() if args.baseline else make_drafter(pair, target, draft, speculative)
     samplings = [replace(sampling, seed=sampling.seed + i) for i in range(len(prompts))]
     rounds: list[list[Round]] = [[] for _ in prompts]
     started = time.perf_counter()
@@ -207,7 +250,7 @@ def generate_batch(
                     "index": index,
                     "prompt": text,
                     "batch_size": args.batch_size,
-                    **run_record(pair, target, None if args.baseline else pair.drafter, prompt, row_rounds),
+                    **run_record(pair, target, None if args.baseline else pair.drafter, prompt, row_rounds, args.dtype),
                 }
             )
         )
@@ -224,9 +267,7 @@ def bench_command(args: argparse.Namespace) -> int:
             print(json.dumps(row))
         return 0
     if args.pass_costs:
-        target, _ = load_pair(
-            find_pair(args.pair), ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype)
-        )
+        target, _ = load_pair(find_pair(args.pair), ModelCache(), _progress, allow_local=True, dtype=cli_dtype(args))
         costs = bench_pass_costs(target.model)
         print(json.dumps({"model": target.description, "context_tokens": 200, "cost_over_one_token": costs}))
         return 0
@@ -241,13 +282,14 @@ def bench_command(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         min_ngram_size=args.min_ngram_size,
         draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
+        suffix_cache_tokens=args.suffix_cache_tokens,
     )
-    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype))
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=cli_dtype(args))
     for prompt in prompts:
         prompt_ids = chat_prompt_ids(target, prompt.text)  # [1, T]
         check_prompt_fits(prompt_ids.shape[1], speculative.max_new_tokens, target.context_length)
     log = partial(print, flush=True)
-    results = run_bench(target, draft, speculative, args.repeats, prompts, log=log, pair=pair.key)
+    results = run_bench(target, draft, speculative, args.repeats, prompts, log=log, pair=pair)
     results["rejection_sampler"] = bench_rejection_sampler()
     print(markdown_table(results))
     output = Path(args.output)
@@ -277,11 +319,14 @@ def batch_bench_command(args: argparse.Namespace, prompts: tuple) -> int:
         max_new_tokens=args.max_new_tokens,
         min_ngram_size=args.min_ngram_size,
         draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
+        suffix_cache_tokens=args.suffix_cache_tokens,
     )
     for w in candidates:
         replace(speculative, num_candidates=w)  # refuses W outside its limits before any model loads
-    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=DTYPES.get(args.dtype))
-    results = run_batch_bench(target, draft, speculative, prompts, batch_sizes, candidates, args.repeats, _progress)
+    target, draft = load_pair(pair, ModelCache(), _progress, allow_local=True, dtype=cli_dtype(args))
+    results = run_batch_bench(
+        target, draft, speculative, prompts, batch_sizes, candidates, args.repeats, _progress, pair
+    )
     results.update(pair=pair.key, model=target.description, max_new_tokens=speculative.max_new_tokens)
     print(batch_table(results["rows"], results["methods"]))
     output = Path(args.output)

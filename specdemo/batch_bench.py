@@ -17,7 +17,7 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import batch_generate
 from specdemo.drafters import Drafter, NoDrafter
 from specdemo.models import LoadedModel, chat_prompt_ids
-from specdemo.pairs import make_drafter
+from specdemo.pairs import DEFAULT_PAIR, Pair, make_drafter
 from specdemo.prompts import BenchPrompt
 
 HF_BATCHED = "HF generate batched"
@@ -72,6 +72,7 @@ def run_batch_bench(
     candidates: list[int],
     repeats: int,
     log: Callable[[str], None] = print,
+    pair: Pair = DEFAULT_PAIR,
 ) -> dict:
     """Every B decodes the same work: all the prompts (repeated up to the largest B when fewer), at most B at a time.
     Hugging Face generate takes them in static batches of B; ours refills a finished row's place at the next round
@@ -90,7 +91,7 @@ def run_batch_bench(
             for w in candidates:
                 spec_w = replace(budget, num_candidates=w)
                 methods[f"speculative W={w} (ours)"] = lambda s=spec_w: _ours(
-                    target, make_drafter(target, draft, s), work, b, s
+                    target, make_drafter(pair, target, draft, s), work, b, s
                 )
             return methods
 

@@ -16,19 +16,22 @@ from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
+from specdemo.drafter_kinds import build_drafter, is_model_free
 from specdemo.models import LoadedModel, chat_prompt_ids
-from specdemo.pairs import DEFAULT_PAIR, make_drafter
+from specdemo.pairs import DEFAULT_PAIR, Pair
+from specdemo.planning import measure_pass_seconds
 from specdemo.prompts import PROMPTS, BenchPrompt
 from specdemo.rejection import reference_rejection_sample, rejection_sample
 from specdemo.stats import compare_runs, emitted_ids, run_stats
-from specdemo.tree_cache import RowRequest, TreeCachedModel
 
 ACCOUNTING_TOLERANCE = 0.05  # tokens per pass / round cost must reproduce the wall-clock speedup this closely
 TARGET_ONLY, SPECULATIVE, HF_GENERATE = "target-only (ours)", "speculative (ours)", "HF generate"
 Method = Callable[[torch.Tensor], tuple[list[int], list[Round]]]  # prompt_ids [1, T] -> tokens, our rounds
 
 
-def bench_methods(target: LoadedModel, draft: LoadedModel | None, speculative: SpeculativeConfig) -> dict[str, Method]:
+def bench_methods(
+    drafter_name: str, target: LoadedModel, draft: LoadedModel | None, speculative: SpeculativeConfig
+) -> dict[str, Method]:
     """The four ways of decoding greedily that the table compares; all must produce the same tokens. The peer is
     Hugging Face's own speculative decoding with the same drafter: prompt lookup, or the draft model."""
     model, eos = target.model, target.eos_token_ids
@@ -39,7 +42,7 @@ def bench_methods(target: LoadedModel, draft: LoadedModel | None, speculative: S
         return emitted_ids(rounds), rounds
 
     def ours_speculative(prompt_ids: torch.Tensor) -> tuple[list[int], list[Round]]:
-        drafter = make_drafter(target, draft, speculative)
+        drafter = build_drafter(drafter_name, target, draft, speculative)  # fresh: no memory of earlier runs
         rounds = list(speculative_generate(model, drafter, prompt_ids, greedy, speculative, eos))
         return emitted_ids(rounds), rounds
 
@@ -55,7 +58,7 @@ def bench_methods(target: LoadedModel, draft: LoadedModel | None, speculative: S
             )
         return output[0, prompt_ids.shape[1] :].tolist(), []
 
-    if draft is None:
+    if is_model_free(drafter_name):
         peer_name, peer = "HF prompt lookup", {"prompt_lookup_num_tokens": speculative.num_draft_tokens}
     else:
         peer_name = "HF assisted"
@@ -85,10 +88,10 @@ def run_bench(
     repeats: int = 2,
     prompts: tuple[BenchPrompt, ...] = PROMPTS,
     log: Callable[[str], None] = lambda line: None,
-    pair: str = DEFAULT_PAIR.key,
+    pair: Pair = DEFAULT_PAIR,
 ) -> dict:
     """Every method on every prompt, the order rotated each time so no method always runs first or warm."""
-    methods = bench_methods(target, draft, speculative)
+    methods = bench_methods(pair.drafter, target, draft, speculative)
     names = list(methods)
     warm_ids = chat_prompt_ids(target, "Hello!")
     for method in methods.values():
@@ -115,7 +118,7 @@ def run_bench(
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, {platform.processor() or 'cpu'}",
         "device": str(target.device),
         "dtype": str(target.model.dtype).removeprefix("torch."),
-        "pair": pair,
+        "pair": pair.key,
         "model": target.name,
         "draft": draft.name if draft is not None else "prompt lookup",
         "draft_temperature": speculative.draft_temperature,
@@ -226,20 +229,9 @@ def table_header(names: list[str]) -> str:
 def bench_pass_costs(
     model: PreTrainedModel, context_tokens: int = 200, sizes: tuple[int, ...] = (1, 2, 4, 6, 8), repeats: int = 10
 ) -> dict[int, float]:
-    """t(k) / t(1): one cached forward over k new tokens after a context_tokens prompt, through the engine's own
-    cache as verification feeds it (the sequence's last token and a k-1 token draft, dropped again at the next
-    pass), medians of `repeats` after one warm-up each."""
-    cached = TreeCachedModel(model)
-    generator = torch.Generator().manual_seed(0)
-    context = torch.randint(model.config.vocab_size, (context_tokens,), generator=generator).tolist()
-    seconds = {}
-    for size in sizes:
-        timings = []
-        for _ in range(repeats + 1):
-            draft = torch.randint(model.config.vocab_size, (size - 1,), generator=generator).tolist()
-            cached.logits({0: RowRequest(context, [draft] if draft else [], "all")})
-            timings.append(cached.last_forward_seconds)
-        seconds[size] = statistics.median(timings[1:])
+    """t(k) / t(1): one cached forward over k new tokens after a context_tokens prompt, as verification feeds it
+    (planning.measure_pass_seconds, which the suffix drafter's cost-aware draft length uses too)."""
+    seconds = measure_pass_seconds(model, sizes, context_tokens, repeats)
     return {size: seconds[size] / seconds[sizes[0]] for size in sizes}
 
 

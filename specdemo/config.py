@@ -15,6 +15,8 @@ MAX_NGRAM_SIZE = 8
 MAX_NUM_CANDIDATES = 8  # W: candidate drafts per row per round; a pass then scores up to 1 + W*K tokens a row
 MAX_BATCH_SIZE = 32  # rows decoded together; the cache and the W*K-token tree grow with it
 MAX_PROMPT_CHARACTERS = 50_000  # refused before tokenizing: a pasted novel would take seconds just to tokenize
+DEFAULT_SUFFIX_CACHE_TOKENS = 20_000  # earlier outputs a suffix drafter remembers (the oldest are forgotten first)
+MAX_SUFFIX_CACHE_TOKENS = 200_000  # its trie keeps up to 9 nodes per token: bounded memory (README: how much)
 MAX_PROMPT_TOKENS = 4096  # half the offline default's context, so generation always has room
 
 
@@ -70,6 +72,7 @@ class SpeculativeConfig:
     # rejected proposal costs a multi-token pass, dearer than a one-token step (bench --min-ngram-size 1)
     draft_temperature: float | None = None  # None: a draft model samples with the target's settings
     num_candidates: int = 1  # W: drafts per round; the target scores all W in one pass and keeps the best path
+    suffix_cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS  # a suffix drafter's memory of earlier outputs
 
     def __post_init__(self) -> None:
         _check_int("num-draft-tokens", self.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
@@ -77,6 +80,7 @@ class SpeculativeConfig:
         _check_int("max-ngram-size", self.max_ngram_size, 1, MAX_NGRAM_SIZE)
         _check_int("min-ngram-size", self.min_ngram_size, 1, self.max_ngram_size)
         _check_int("num-candidates", self.num_candidates, 1, MAX_NUM_CANDIDATES)
+        _check_int("suffix-cache-tokens", self.suffix_cache_tokens, 0, MAX_SUFFIX_CACHE_TOKENS)
         if self.draft_temperature is not None:
             _check_number("draft temperature", self.draft_temperature, 0.0, MAX_TEMPERATURE)
             object.__setattr__(self, "draft_temperature", float(self.draft_temperature))

@@ -16,6 +16,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 from specdemo.candidates import CandidateVerdict, Verify, verify_batch
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.drafters import Draft, Drafter, DraftRequest, NoDrafter
+from specdemo.planning import Plan
 from specdemo.sampling import build_warpers, greedy_token_ids, logits_to_probs
 from specdemo.tree_cache import RowRequest, TreeCachedModel
 
@@ -61,6 +62,7 @@ class Round:
     candidates: tuple[CandidateTrace, ...] = ()  # all W candidates of the round
     path: int = 0  # the index of the accepted candidate in `candidates`
     num_rows: int = 1  # rows that shared the round's passes
+    plan: Plan | None = None  # a cost-aware drafter's choice of how much to draft, with what it expected
 
     @property
     def emitted_token_ids(self) -> list[int]:
@@ -114,7 +116,7 @@ def _cut_at_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
     token_ids = [candidate[: _eos_cut(candidate, eos_token_ids)] for candidate in draft.token_ids]
     depth = max(map(len, token_ids), default=0)
     probs = None if draft.probs is None else draft.probs[:, :depth]
-    return Draft(token_ids, probs, draft.forward_seconds)
+    return Draft(token_ids, probs, draft.forward_seconds, draft.plan)
 
 
 def _row_tensors(
@@ -313,6 +315,7 @@ class BatchDecoder:
             other_seconds=0.0,
             candidates=candidates,
             path=path,
+            plan=draft.plan,
             **timings,
         )
         row.sequence_ids = row.sequence_ids + emitted

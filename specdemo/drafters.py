@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from specdemo.candidates import choose_draft_tokens
 from specdemo.config import SamplingConfig
+from specdemo.planning import Plan
 from specdemo.sampling import build_warpers, logits_to_probs
 from specdemo.tree_cache import RowRequest, TreeCachedModel
 
@@ -36,6 +37,7 @@ class Draft:
     token_ids: list[list[int]]  # W candidates of at most K tokens; W may be 0 when there is nothing to propose
     probs: torch.Tensor | None  # [W, K, V] float32 (V the target's); None: deterministic, q one-hot on the tokens
     forward_seconds: float = 0.0  # time in the drafter's forward passes, shared by the rows drafted together
+    plan: Plan | None = None  # how much a cost-aware drafter chose to draft, and what it expected of it
 
 
 class Drafter(Protocol):

@@ -26,14 +26,16 @@ class ModelCache:
         self.loading_locks: dict[str, threading.Lock] = {}
 
     def get(self, name: str, progress: Progress = lambda message: None, **load_options: object) -> LoadedModel:
+        """The model `name` on the device and in the number format (dtype) asked for, loaded if it is not held so;
+        one copy of a model is held, so asking for another format loads it again in place of the held one."""
         with self.lock:
-            if name in self.models:
+            if name in self.models and _serves(self.models[name], load_options):
                 self.models.move_to_end(name)
                 return self.models[name]
             loading = self.loading_locks.setdefault(name, threading.Lock())
         with loading:  # a second request for the same model waits here and then finds it loaded
             with self.lock:
-                if name in self.models:
+                if name in self.models and _serves(self.models[name], load_options):
                     return self.models[name]
             loaded = self.loader(name, progress, **load_options)  # a failed load caches nothing
             with self.lock:
@@ -57,3 +59,9 @@ class ModelCache:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+
+def _serves(loaded: LoadedModel, load_options: dict[str, object]) -> bool:
+    """Whether a held model is on the device and in the dtype asked for (None asks for whatever is held)."""
+    device, dtype = load_options.get("device"), load_options.get("dtype")
+    return (device is None or loaded.device == device) and (dtype is None or loaded.model.dtype == dtype)

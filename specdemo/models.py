@@ -1,4 +1,4 @@
-"""Model loading (offline packages, the Hub, operator-given directories), its checks, and device choice."""
+"""Model loading (offline packages, the Hub, operator-given directories), its checks, and device and number format."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]
 MEMORY_HEADROOM = 0.8  # refuse a model whose weights would take more than this share of free memory
 HUB_PROBE_SECONDS = 3.0  # how long a first Hub load may wait to learn the Hub is unreachable
 LOCAL_PATHS_VARIABLE = "SPECDEMO_ALLOW_LOCAL_PATHS"  # set to 1 by an operator to allow directories in the app
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # weights and activations; probabilities stay float32
+DTYPE_CHOICES = ("auto", *DTYPES)  # what --dtype and the app's Number format offer; auto: see resolve_dtype
+NATIVE_BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU features with bfloat16 arithmetic (as Linux names them)
 
 
 @dataclass
@@ -75,9 +78,49 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def weights_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 weights on CUDA (probabilities are still computed in float32); float32 elsewhere."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether `device` computes in bfloat16 in hardware: a CUDA GPU that supports it (Ampere or newer, not by
+    emulation), or a CPU with AMX or AVX-512 BF16 (as torch's cpuinfo detects them)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type != "cpu":
+        return False
+    capabilities = torch.cpu.get_capabilities()
+    return any(capabilities.get(flag, False) for flag in NATIVE_BFLOAT16_FLAGS)
+
+
+def _device_noun(device: torch.device) -> str:
+    return {"cpu": "CPU", "cuda": "GPU"}.get(device.type, f"{device.type} device")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The number format `name` (auto, float32 or bfloat16) means on `device`; auto is bfloat16 where the device
+    computes in it natively, else float32. Refuses an unknown name, and bfloat16 where it would run in software."""
+    if name == "auto":
+        return torch.bfloat16 if native_bfloat16(device) else torch.float32
+    if name not in DTYPES:
+        raise ValueError(
+            f"Unknown number format {str(name)[:40]!r}: use auto (bfloat16 where the device computes in it natively, "
+            "else float32), float32 or bfloat16."
+        )
+    if DTYPES[name] == torch.bfloat16 and not native_bfloat16(device):
+        hardware = " (AMX or AVX-512 BF16)" if device.type == "cpu" else ""
+        raise ValueError(
+            f"This {_device_noun(device)} has no native bfloat16{hardware}, so bfloat16 would run in "
+            "software and be slow; CUDA GPUs and CPUs with AMX or AVX-512 BF16 support it: use auto or float32."
+        )
+    return DTYPES[name]
+
+
+def dtype_reason(name: str, device: torch.device) -> str:
+    """The number format `name` resolves to on `device`, and why, for the page and the JSON output: e.g.
+    "float32 (auto: this CPU has no native bfloat16)"."""
+    dtype = str(resolve_dtype(name, device)).removeprefix("torch.")
+    if name != "auto":
+        return f"{dtype} (chosen)"
+    if dtype == "bfloat16":
+        return f"bfloat16 (auto: {'CUDA' if device.type == 'cuda' else 'this CPU has native bfloat16'})"
+    return f"float32 (auto: this {_device_noun(device)} has no native bfloat16)"
 
 
 def _offline_names() -> str:
@@ -208,11 +251,11 @@ def load_model(
     progress: Progress = lambda message: None,
     device: torch.device | None = None,
     allow_local: bool = True,
-    dtype: torch.dtype | None = None,  # weights and activations; default: weights_dtype(device)
+    dtype: torch.dtype | None = None,  # weights and activations; default: resolve_dtype("auto", device)
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer in inference mode on `device` (default: pick_device())."""
     device = device or pick_device()
-    dtype = dtype or weights_dtype(device)
+    dtype = dtype or resolve_dtype("auto", device)
     source = resolve_source(name, progress, allow_local)
     started = time.perf_counter()
     config = load_config(name, source)

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from specdemo.config import SpeculativeConfig
-from specdemo.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdemo.drafter_kinds import NGRAM, SUFFIX, build_drafter, is_model_free
+from specdemo.drafters import Drafter
 from specdemo.model_cache import ModelCache
 from specdemo.models import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
-
-NGRAM = "ngram"  # the prompt-lookup drafter: no model, works with any target
 
 
 @dataclass(frozen=True)
@@ -21,7 +20,7 @@ class Pair:
     key: str
     label: str
     target: str  # an offline model name or a Hub id
-    drafter: str  # NGRAM, or a model name sharing the target's tokenizer
+    drafter: str  # a model-free kind (drafter_kinds.DRAFTER_KINDS), or a model name sharing the target's tokenizer
     note: str
     needs_hub: bool  # False: runs with no network (offline packages)
     suggested_hardware: str  # "cpu" or "gpu"
@@ -29,7 +28,7 @@ class Pair:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.drafter != NGRAM
+        return not is_model_free(self.drafter)
 
 
 PAIRS: tuple[Pair, ...] = (
@@ -40,6 +39,16 @@ PAIRS: tuple[Pair, ...] = (
         NGRAM,
         "No draft model at all: copies text that followed the same n-gram earlier; shines on summaries, edits "
         "and extraction, idles on free writing.",
+        needs_hub=False,
+        suggested_hardware="cpu",
+    ),
+    Pair(
+        "smollm2-135m-suffix",
+        "SmolLM2-135M-Instruct + suffix drafting, cost-aware (offline)",
+        OFFLINE_DEFAULT,
+        SUFFIX,
+        "No draft model: drafts the most frequent continuation of the longest repeated suffix, as long as this "
+        "machine's pass costs say it pays, and nothing when it would lose; the page says what it chose each round.",
         needs_hub=False,
         suggested_hardware="cpu",
     ),
@@ -129,9 +138,10 @@ def find_pair(key: str) -> Pair:
 
 
 def custom_pair(target: str, drafter: str, allow_local: bool = False) -> Pair:
-    """A pair of ids a user typed; the drafter may also be NGRAM. Checked for syntax here, for tokenizers on load."""
+    """A pair of ids a user typed; the drafter may also be a model-free kind. Checked for syntax here, for tokenizers
+    on load."""
     check_model_name(target, allow_local)
-    if drafter != NGRAM:
+    if not is_model_free(drafter):
         check_model_name(drafter, allow_local)
     return Pair(
         "custom",
@@ -173,9 +183,6 @@ def load_pair(
     return target, draft
 
 
-def make_drafter(target: LoadedModel, draft: LoadedModel | None, speculative: SpeculativeConfig) -> Drafter:
-    """A fresh drafter (its KV cache is its own): prompt lookup, or the draft model sampling with each row's draft
-    settings."""
-    if draft is None:
-        return NgramDrafter(speculative.max_ngram_size, speculative.min_ngram_size)
-    return ModelDrafter(draft.model, None, target.vocab_size)
+def make_drafter(pair: Pair, target: LoadedModel, draft: LoadedModel | None, speculative: SpeculativeConfig) -> Drafter:
+    """A fresh drafter for the pair (its state is its own)."""
+    return build_drafter(pair.drafter, target, draft, speculative)

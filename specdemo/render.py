@@ -30,6 +30,7 @@ class TokenSpan:
     draft_prob: float | None  # q of this token (draft tokens only)
     acceptance_prob: float | None  # min(1, p/q) (draft tokens only)
     uniform: float | None  # the draw u it was tested with; None for drafts discarded after an earlier rejection
+    plan: str = ""  # what a cost-aware drafter chose for the round, e.g. "drafted 3: expected 2.4 tokens for 1.7 steps"
 
 
 def token_text(decode: Decode, context_ids: Sequence[int], token_id: int) -> str:
@@ -55,6 +56,7 @@ def round_spans(round_: Round, decode: Decode, emitted: list[int]) -> list[Token
                 draft_prob=round_.draft_probs[position],
                 acceptance_prob=round_.acceptance_probs[position],
                 uniform=round_.uniforms[position] if tested else None,
+                plan=plan_text(round_),
             )
         )
         (emitted if accepted else refused).append(token)
@@ -78,7 +80,12 @@ def _next_span(round_: Round, decode: Decode, context_ids: Sequence[int]) -> Tok
         draft_prob=None,
         acceptance_prob=None,
         uniform=None,
+        plan=plan_text(round_),
     )
+
+
+def plan_text(round_: Round) -> str:
+    return round_.plan.describe() if round_.plan else ""
 
 
 def token_spans(rounds: Sequence[Round], decode: Decode) -> list[TokenSpan]:
@@ -106,6 +113,8 @@ def ansi_text(spans: Sequence[TokenSpan]) -> str:
 def _tooltip(span: TokenSpan) -> str:
     """The numbers behind a token, for its native hover tooltip."""
     parts = [f"{span.kind}, round {span.round_index + 1}", f"token id {span.token_id}"]
+    if span.plan:
+        parts.insert(1, span.plan)
     if span.target_prob is not None:
         parts.append(f"target p = {span.target_prob:.4f}")
     if span.draft_prob is not None:
@@ -129,7 +138,8 @@ def html_spans(spans: Sequence[TokenSpan], round_marks: bool = True) -> str:
     current_round = None
     for span in spans:
         if round_marks and span.round_index != current_round and span.round_index > 0:
-            pieces.append(f'<span class="round-sep" title="round {span.round_index + 1}"></span>')
+            title = html.escape(f"round {span.round_index + 1}" + (f": {span.plan}" if span.plan else ""), quote=True)
+            pieces.append(f'<span class="round-sep" title="{title}"></span>')
         current_round = span.round_index
         text = html.escape(span.text, quote=True)
         pieces.append(
@@ -236,6 +246,61 @@ def explanation(spec: RunStats, c: Comparison, num_draft_tokens: int) -> list[st
     return lines
 
 
+NEAR_TIE_LOGIT_GAPS = {  # top-2 logit gaps that rounding can flip between pass shapes, by number format
+    "float32": 1e-2,  # float32 differences between pass shapes stay under 1e-3 in the tests (tests/conftest.py)
+    "bfloat16": 0.5,  # bfloat16 keeps 8 significant bits: logits between 16 and 32 move in steps of 0.125
+}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where greedy speculative and target-only tokens first differ, and how close the target's top two were there."""
+
+    position: int  # the first differing generated token, counted from 1
+    speculative_text: str  # the token the speculative run emitted there
+    target_text: str  # the token the target alone emitted there
+    top2_logit_gap: float  # the target's best logit minus its second best, in one pass over the shared prefix
+    top2_probs: tuple[float, float]  # the same two as probabilities
+    dtype: str  # the number format the target ran in
+
+
+def first_difference(speculative_ids: Sequence[int], target_ids: Sequence[int]) -> int | None:
+    """The index of the first token where two runs differ; None where they agree as far as both go."""
+    return next((i for i, (a, b) in enumerate(zip(speculative_ids, target_ids, strict=False)) if a != b), None)
+
+
+def greedy_check(identical: bool, divergence: Divergence | None) -> str:
+    """The greedy identity check: identical, or where the texts part and how near the target's top two were."""
+    if identical:
+        return "Greedy check: the two texts are **identical**, token for token."
+    if divergence is None:
+        return "Greedy check: the two texts **differ** (near-ties in the target's logits can flip an argmax)."
+    d = divergence
+    where = (
+        f"Greedy check: the two texts **differ** from generated token {d.position} on ({d.speculative_text!r} "
+        f"speculative, {d.target_text!r} target alone), where the target's top two logits are {d.top2_logit_gap:.3g} "
+        f"apart ({d.top2_probs[0]:.1%} against {d.top2_probs[1]:.1%})"
+    )
+    if d.top2_logit_gap <= NEAR_TIE_LOGIT_GAPS.get(d.dtype, 0.0):
+        return (
+            f"{where}: in {d.dtype}, a K+1-token verification pass and one-token steps round differently, and at "
+            "such a near-tie that can flip the argmax."
+        )
+    return f"{where}: too wide a gap for rounding to flip, so this is worth reporting, with the trace."
+
+
+def plan_line(planned: float, comparison: Comparison | None) -> str:
+    """What a cost-aware drafter expected of the run, against what was measured when the target alone ran too."""
+    line = (
+        "**Cost-aware drafting**: each round drafted only as much as this machine's measured pass costs say pays, "
+        f"and nothing when drafting was expected to lose (hover a token for its round's choice). The plans expected "
+        f"{planned:.2f}× the target alone"
+    )
+    if comparison is None:
+        return line + "."
+    return line + f"; measured {comparison.speedup:.2f}× (the plans {planned / comparison.speedup - 1:+.0%})."
+
+
 def summary_markdown(
     spec: RunStats,
     num_draft_tokens: int,
@@ -243,8 +308,12 @@ def summary_markdown(
     comparison: Comparison | None = None,
     draft_alone: RunStats | None = None,
     greedy: bool = False,
+    number_format: str | None = None,
+    divergence: Divergence | None = None,
 ) -> str:
-    """The run in numbers; with a baseline, the speedup explained, the prediction beside it and an honest reading."""
+    """The run in numbers and its number format (e.g. "float32 (auto: this CPU has no native bfloat16)"); with a
+    baseline, the speedup explained, the prediction beside it and an honest reading, and for greedy runs whether the
+    texts are identical (else where they part: `divergence`)."""
     lines = [
         "| run | tokens | seconds | tokens/s | model passes |",
         "|---|---|---|---|---|",
@@ -255,17 +324,16 @@ def summary_markdown(
     if draft_alone is not None:
         lines.append(_row("draft alone", draft_alone))
     lines += ["", alpha_line(spec)]
+    if spec.planned_speedup is not None:
+        lines += ["", plan_line(spec.planned_speedup, comparison)]
+    if number_format:
+        lines += ["", f"Number format: {number_format}."]
     if comparison is None:
         return "\n".join(lines)
     c = comparison
     lines += ["", *explanation(spec, c, num_draft_tokens)]
     if greedy:
-        lines.append("")
-        lines.append(
-            "Greedy check: the two texts are **identical**, token for token."
-            if c.identical
-            else "Greedy check: the two texts **differ** (float32 near-ties can flip an argmax; see the trace)."
-        )
+        lines += ["", greedy_check(c.identical, divergence)]
     if c.speedup < 1.0:
         slowest = max((v for _, v in c.verify_cost_by_k), default=1.0)
         lines += [
@@ -306,6 +374,7 @@ def candidates_html(rounds: Sequence[Round], decode: Decode) -> str:
                             draft_prob=candidate.draft_probs[j],
                             acceptance_prob=candidate.acceptance_probs[j],
                             uniform=candidate.uniforms[j] if candidate.tested[j] else None,
+                            plan=plan_text(round_),
                         )
                     )
                     context.append(token)

@@ -15,9 +15,9 @@ import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import BatchDecoder, Round
+from specdemo.drafter_kinds import NGRAM, build_drafter, is_model_free
 from specdemo.drafters import Drafter
 from specdemo.models import LoadedModel, release_freed_memory
-from specdemo.pairs import make_drafter
 
 MAX_BATCH_ROWS = 8  # rows decoded together; a run that finds the batch full waits for a place
 _END = object()  # a row's last item: it finished, was cancelled, or failed (the exception came just before)
@@ -198,15 +198,16 @@ class Schedulers:
     def __init__(self, max_rows: int = MAX_BATCH_ROWS) -> None:
         self.models_lock = threading.Lock()
         self.max_rows = max_rows
-        self.active: dict[tuple[int, int | None], Scheduler] = {}
+        self.active: dict[tuple[int, int | str], Scheduler] = {}
         self.lock = threading.Lock()
 
-    def get(self, target: LoadedModel, draft: LoadedModel | None) -> Scheduler:
-        """The scheduler of rows decoded by `target` with prompt lookup (draft None) or the draft model."""
-        key = (id(target.model), None if draft is None else id(draft.model))
+    def get(self, target: LoadedModel, draft: LoadedModel | None, drafter_name: str = NGRAM) -> Scheduler:
+        """The scheduler of rows decoded by `target` with the model-free drafter `drafter_name`, or with the draft
+        model (draft not None)."""
+        key = (id(target.model), drafter_name if is_model_free(drafter_name) else id(draft.model))
         with self.lock:
             if key not in self.active:
-                drafter = make_drafter(target, draft, SpeculativeConfig())
+                drafter = build_drafter(drafter_name, target, draft, SpeculativeConfig())
                 self.active[key] = Scheduler(
                     target.model,
                     drafter,
@@ -217,7 +218,7 @@ class Schedulers:
                 )
             return self.active[key]
 
-    def _forget(self, key: tuple[int, int | None], scheduler: Scheduler) -> None:
+    def _forget(self, key: tuple[int, int | str], scheduler: Scheduler) -> None:
         with self.lock:
             if self.active.get(key) is scheduler:
                 del self.active[key]

@@ -32,6 +32,7 @@ class RunStats:
     verify_seconds: float
     other_seconds: float
     overhead_fraction: float  # share of wall time outside model forward passes
+    planned_speedup: float | None = None  # a cost-aware drafter's expected tokens / expected steps over the run
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -82,7 +83,18 @@ def run_stats(rounds: Sequence[Round]) -> RunStats:
         verify_seconds=sum(round_.verify_seconds for round_ in rounds),
         other_seconds=sum(round_.other_seconds for round_ in rounds),
         overhead_fraction=1.0 - forward / wall if wall > 0 else 0.0,
+        planned_speedup=planned_speedup(rounds),
     )
+
+
+def planned_speedup(rounds: Sequence[Round]) -> float | None:
+    """What a cost-aware drafter expected of the run, in target steps: the sum of its plans' expected tokens over
+    the sum of their expected steps (a round it was not asked to draft is one token for one step); None when no
+    round was planned."""
+    if not any(round_.plan for round_ in rounds):
+        return None
+    tokens = sum(round_.plan.expected_tokens if round_.plan else 1.0 for round_ in rounds)
+    return tokens / sum(round_.plan.expected_steps if round_.plan else 1.0 for round_ in rounds)
 
 
 def expected_tokens_per_round(alpha: float, num_draft_tokens: int) -> float:
@@ -120,6 +132,7 @@ def round_record(round_: Round) -> dict:
         "num_rows": round_.num_rows,  # rows that shared the pass; each row's seconds are the whole shared pass's
         "path": round_.path,
         "candidates": [asdict(candidate) for candidate in round_.candidates],
+        "plan": None if round_.plan is None else {**asdict(round_.plan), "says": round_.plan.describe()},
     }
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 import torch
+from transformers import RepetitionPenaltyLogitsProcessor
 
 from specdemo.audit_tab import build_audit_tab
 from specdemo.config import (
@@ -29,14 +30,19 @@ from specdemo.config import (
     whole_number,
 )
 from specdemo.decoding import Round
+from specdemo.drafter_kinds import drafter_names
 from specdemo.messages import user_error
 from specdemo.model_cache import ModelCache
 from specdemo.models import (
+    DTYPE_CHOICES,
     LOCAL_PATHS_VARIABLE,
     OFFLINE_DEFAULT,
     LoadedModel,
     bound_allocator_arenas,
     chat_prompt_ids,
+    dtype_reason,
+    pick_device,
+    resolve_dtype,
 )
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, Pair, custom_pair, find_pair, load_pair
 from specdemo.plots import (
@@ -53,12 +59,15 @@ from specdemo.render import (
     LANES_CSS,
     LEGEND_HTML,
     TOKEN_CSS,
+    Divergence,
     candidates_html,
+    first_difference,
     html_spans,
     lanes_html,
     round_spans,
     sharing_note,
     summary_markdown,
+    token_text,
 )
 from specdemo.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers
 from specdemo.stats import compare_runs, emitted_ids, round_record, run_stats
@@ -127,6 +136,8 @@ class RunRequest:
     chat: bool
     compare: bool
     allow_local: bool  # the operator allowed local directories (SPECDEMO_ALLOW_LOCAL_PATHS=1)
+    dtype: torch.dtype  # weights and activations, from the form's Number format on this device
+    dtype_reason: str  # what the page says, e.g. "float32 (auto: this CPU has no native bfloat16)"
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ class Run:
     deadline: float  # time.monotonic() at which the run's time budget ends, comparisons included
 
     def submit(self, model: LoadedModel, draft: LoadedModel | None, request: DecodeRequest) -> RowStream:
-        return self.schedulers.get(model, draft).submit([request], self.deadline)
+        return self.schedulers.get(model, draft, self.request.pair.drafter).submit([request], self.deadline)
 
 
 def parse_request(
@@ -160,6 +171,7 @@ def parse_request(
     chat: bool,
     compare: bool,
     num_candidates: float = 1,
+    dtype: str = "auto",
 ) -> RunRequest:
     """The form's values as checked settings; a ValueError names the first bad one."""
     check_prompt(prompt)
@@ -188,7 +200,9 @@ def parse_request(
         raise ValueError(
             f"max new tokens must be between 1 and {UI_MAX_NEW_TOKENS} here, got {speculative.max_new_tokens}."
         )
-    return RunRequest(prompt, pair, sampling, speculative, bool(chat), bool(compare), allow_local)
+    device = pick_device()  # where the cache loads models
+    resolved, reason = resolve_dtype(str(dtype), device), dtype_reason(str(dtype), device)
+    return RunRequest(prompt, pair, sampling, speculative, bool(chat), bool(compare), allow_local, resolved, reason)
 
 
 def _trace_file(
@@ -202,6 +216,7 @@ def _trace_file(
         "speculative": asdict(request.speculative),
         "chat_template": request.chat,
         "device": target.description,
+        "dtype_reason": request.dtype_reason,
         "prompt": request.prompt,
         "prompt_token_ids": prompt_ids,
         "generated_token_ids": generated,
@@ -262,7 +277,11 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
         """The checked request, its models and encoded prompts; a ValueError names the problem."""
         request = parse_request(prompts[0], *values)
         target, draft = load_pair(
-            request.pair, cache, lambda message: progress(0.0, desc=message), allow_local=request.allow_local
+            request.pair,
+            cache,
+            lambda message: progress(0.0, desc=message),
+            allow_local=request.allow_local,
+            dtype=request.dtype,  # the comparisons run on these same models, so in the same format
         )
         encoded = []
         for number, text in enumerate(prompts, start=1):
@@ -293,13 +312,15 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
         chat: bool,
         compare: bool,
         num_candidates: float = 1,
+        dtype: str = "auto",
         progress: gr.Progress = gr.Progress(),
     ) -> Iterator[tuple]:
-        """Speculative decoding of `prompt` with the draft/target `pair` and W = `num_candidates` drafts per round,
-        streamed; then, with `compare`, the target (and draft model) alone. Each parameter but `prompt` defaults to
-        the form's value. Runs that arrive together share the model's passes."""
+        """Speculative decoding of `prompt` with the draft/target `pair` and W = `num_candidates` drafts per round, in
+        the number format `dtype` (auto, float32 or bfloat16), streamed; then, with `compare`, the target (and draft
+        model) alone. Each parameter but `prompt` defaults to the form's value. Runs that arrive together share the
+        model's passes."""
         values = (pair, custom_target, custom_draft, temperature, top_k, top_p, repetition_penalty)
-        values += (draft_temperature, num_draft_tokens, max_new_tokens, seed, chat, compare, num_candidates)
+        values += (draft_temperature, num_draft_tokens, max_new_tokens, seed, chat, compare, num_candidates, dtype)
         try:
             _, run, _ = prepare([prompt], values, progress)
         except ValueError as error:
@@ -330,12 +351,13 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
         chat: bool = True,
         compare: bool = False,
         num_candidates: float = 1,
+        dtype: str = "auto",
         progress: gr.Progress = gr.Progress(),
     ) -> Iterator[tuple]:
         """Up to 8 `prompts` (a list, or one per line) decoded as rows of one batch, prompt i with seed + i; the
         other parameters as for /generate (`compare` is ignored). Returns one result per prompt."""
         values = (pair, custom_target, custom_draft, temperature, top_k, top_p, repetition_penalty)
-        values += (draft_temperature, num_draft_tokens, max_new_tokens, seed, chat, False, num_candidates)
+        values += (draft_temperature, num_draft_tokens, max_new_tokens, seed, chat, False, num_candidates, dtype)
         try:
             texts = batch_prompts(prompts)
             _, run, encoded = prepare(texts, values, progress)
@@ -369,7 +391,10 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                     elem_id="custom-target",
                 )
                 custom_draft = gr.Textbox(
-                    label="Drafter (Hub id, or ngram)", value=NGRAM, visible=False, elem_id="custom-draft"
+                    label=f"Drafter (a Hub id, or {drafter_names()})",
+                    value=NGRAM,
+                    visible=False,
+                    elem_id="custom-draft",
                 )
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
                 top_k = gr.Number(0, minimum=0, step=1, label="Top-k (0 = off)")
@@ -393,6 +418,12 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                     1, UI_MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens", elem_id="max-new-tokens"
                 )
                 seed = gr.Number(0, minimum=0, step=1, label="Seed")
+                dtype = gr.Dropdown(
+                    list(DTYPE_CHOICES),
+                    value="auto",
+                    label="Number format (auto: bfloat16 where the device computes in it natively, else float32)",
+                    elem_id="dtype",
+                )
                 chat = gr.Checkbox(True, label="Apply the chat template")
                 compare = gr.Checkbox(True, label="Then run the target alone, to compare")
             with gr.Column(scale=2), gr.Tabs():
@@ -462,7 +493,7 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
             api_visibility="private",
         )
         settings = [pair, custom_target, custom_draft, temperature, top_k, top_p, repetition_penalty]
-        settings += [draft_temperature, num_draft_tokens, max_new_tokens, seed, chat, compare, num_candidates]
+        settings += [draft_temperature, num_draft_tokens, max_new_tokens, seed, chat, compare, num_candidates, dtype]
         inputs = [prompt, *settings]
         outputs = [tokens, summary, acceptance, latency, positions, throughput, trace, candidates]
         # preprocess=False: the handler checks the raw values itself, so every refusal names its setting
@@ -533,7 +564,7 @@ def stream_batch(run: Run, texts: list[str], encoded: list[torch.Tensor], sweep:
     lanes: list[list[Round]] = [[] for _ in texts]
     yield lanes_html(texts, lanes, decode), in_progress("", "Decoding the batch"), gr.skip(), gr.skip()
     started = time.perf_counter()
-    stream = run.schedulers.get(run.target, run.draft).submit(rows, run.deadline)
+    stream = run.schedulers.get(run.target, run.draft, run.request.pair.drafter).submit(rows, run.deadline)
     for batch in stream.batches(CHART_INTERVAL_SECONDS):
         for index, round_ in batch:
             lanes[index].append(round_)
@@ -551,15 +582,16 @@ def stream_batch(run: Run, texts: list[str], encoded: list[torch.Tensor], sweep:
         for text, row, lane in zip(texts, rows, lanes, strict=True)
     ]
     total = sum(len(result["token_ids"]) for result in results)
-    summary = batch_summary(lanes, total, seconds)
+    summary = batch_summary(lanes, total, seconds, request.dtype_reason)
     if stream.out_of_time:
         summary = f"**Stopped after {RUN_TIME_BUDGET_SECONDS:g} s, the time budget of one run.**\n\n{summary}"
     chart = batch_sweep_figure(sweep, (len(texts), total / seconds)) if sweep else gr.skip()
     yield lanes_html(texts, lanes, decode), summary, chart, results
 
 
-def batch_summary(lanes: list[list[Round]], total_tokens: int, seconds: float) -> str:
-    """Per lane its tokens, passes, α and tokens per pass; the batch's aggregate tokens/s and how it was shared."""
+def batch_summary(lanes: list[list[Round]], total_tokens: int, seconds: float, number_format: str) -> str:
+    """Per lane its tokens, passes, α and tokens per pass; the batch's aggregate tokens/s, how it was shared, and its
+    number format (e.g. "float32 (auto: this CPU has no native bfloat16)")."""
     lines = ["| lane | tokens | target passes | α | tokens/pass |", "|---|---|---|---|---|"]
     for number, lane in enumerate(lanes, start=1):
         stats = run_stats(lane)
@@ -570,6 +602,8 @@ def batch_summary(lanes: list[list[Round]], total_tokens: int, seconds: float) -
         "",
         f"**The batch: {total_tokens} tokens in {seconds:.2f} s, {total_tokens / seconds:.1f} tokens/s in all**; the "
         f"widest pass held {widest} rows (this batch's and other runs' rows share the model's passes).",
+        "",
+        f"Number format: {number_format}.",
     ]
     return "\n".join(lines)
 
@@ -631,13 +665,18 @@ def stream_run(run: Run) -> Iterator[tuple]:
         baseline, draft_alone, out_of_time = yield from stream_comparisons(run, tokens_html, summary)
     num_draft_tokens = request.speculative.num_draft_tokens
     shared = sharing_note(rounds, baseline) if baseline else None
+    comparison = compare_runs(rounds, baseline, num_draft_tokens) if baseline and not shared else None
+    greedy = request.sampling.is_greedy
+    differ = greedy and comparison is not None and not comparison.identical  # then say where, and how near a tie
     summary = summary_markdown(
         run_stats(rounds),
         num_draft_tokens,
         baseline=run_stats(baseline) if baseline else None,
-        comparison=compare_runs(rounds, baseline, num_draft_tokens) if baseline and not shared else None,
+        comparison=comparison,
         draft_alone=run_stats(draft_alone) if draft_alone else None,
-        greedy=request.sampling.is_greedy,
+        greedy=greedy,
+        number_format=request.dtype_reason,
+        divergence=greedy_divergence(run, rounds, baseline) if differ else None,
     )
     if shared:
         summary += f"\n\n{shared}"
@@ -670,7 +709,9 @@ def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], st
     for batch in stream.rounds(TOKENS_INTERVAL_SECONDS):
         rounds.extend(batch)
         tokens_html += "".join(html_spans(round_spans(round_, decode, emitted)) for round_ in batch)
-        summary = summary_markdown(run_stats(rounds), speculative.num_draft_tokens)
+        summary = summary_markdown(
+            run_stats(rounds), speculative.num_draft_tokens, number_format=run.request.dtype_reason
+        )
         streamed = in_progress(summary, f"Decoding: {len(emitted)} tokens so far")
         if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS * max(1, stream.scheduler.num_rows):
             last_chart = time.monotonic()
@@ -713,6 +754,34 @@ def comparison_runs(
     if draft is not None and draft is not target:
         runs.append(("draft alone", draft, None, request.speculative.draft_sampling(request.sampling)))
     return runs
+
+
+@torch.inference_mode()
+def greedy_divergence(run: Run, rounds: list[Round], baseline: list[Round]) -> Divergence | None:
+    """Where a greedy run's tokens first differ from the target alone's, with the target's top two there, from one
+    pass over the shared prefix (only taken when they differ); None where one run's tokens begin the other's."""
+    speculative_ids, target_ids = emitted_ids(rounds), emitted_ids(baseline)
+    first = first_difference(speculative_ids, target_ids)
+    if first is None:
+        return None
+    context = [*run.prompt_ids[0].tolist(), *target_ids[:first]]
+    context_ids = torch.tensor([context], device=run.target.device)  # [1, T + first]
+    with run.schedulers.models_lock:  # apart from other runs' passes
+        logits = run.target.model(input_ids=context_ids, logits_to_keep=1).logits[:, -1].float()  # [1, V]
+    penalty = run.request.sampling.repetition_penalty
+    if penalty != 1.0:  # greedy picks the argmax after the penalty, as generate() does
+        logits = RepetitionPenaltyLogitsProcessor(penalty)(context_ids, logits)
+    top_logits = logits[0].topk(2).values  # [2]
+    top_probs = logits[0].softmax(dim=-1).topk(2).values  # [2]
+    decode = partial(run.target.tokenizer.decode, skip_special_tokens=False)
+    return Divergence(
+        position=first + 1,
+        speculative_text=token_text(decode, context, speculative_ids[first]),
+        target_text=token_text(decode, context, target_ids[first]),
+        top2_logit_gap=float(top_logits[0] - top_logits[1]),
+        top2_probs=(float(top_probs[0]), float(top_probs[1])),
+        dtype=str(run.target.model.dtype).removeprefix("torch."),
+    )
 
 
 def charts(rounds: list[Round], num_draft_tokens: int, baseline: list[Round] | None = None) -> tuple:

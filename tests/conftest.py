@@ -177,7 +177,7 @@ def tiny_draft() -> LlamaForCausalLM:
 
 @pytest.fixture(scope="session")
 def offline_model() -> LoadedModel:
-    return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"))
+    return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.float32)  # parity tests need float32
 
 
 @contextmanager

@@ -5,13 +5,20 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
+import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+import specdemo.ui as ui
 from specdemo.__main__ import main
+from specdemo.decoding import autoregressive_generate
+from specdemo.models import chat_prompt_ids, native_bfloat16
+from specdemo.scheduler import Schedulers
+from specdemo.stats import emitted_ids
 from tests.conftest import (
     SPELLING,
     STORY,
@@ -22,7 +29,7 @@ from tests.conftest import (
     wait_for_rounds,
 )
 
-SETTING_NAMES = list(settings())  # the /generate parameters, in the form's order
+SETTING_NAMES = [*settings(), "dtype"]  # the /generate parameters, in the form's order (the number format last)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +68,7 @@ def test_the_api_names_every_setting_and_defaults_all_but_the_prompt(client):
     assert [p["parameter_name"] for p in parameters if not p["parameter_has_default"]] == ["prompt"]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
     assert defaults["pair"] == "smollm2-135m-ngram" and defaults["max_new_tokens"] == 128 and defaults["compare"]
+    assert defaults["dtype"] == "auto"
 
 
 def test_a_client_that_sends_only_the_prompt_gets_a_full_run(client):
@@ -88,6 +96,52 @@ def test_invalid_settings_give_an_error_naming_the_setting(client):
             client.predict(**inputs, api_name="/generate")
         assert message in str(caught.value), (message, str(caught.value))
     assert "tok-" in client.predict(**settings(max_new_tokens=8), api_name="/generate")[0]  # still serving
+
+
+def test_the_page_names_the_number_format_and_refuses_one_the_device_lacks(client):
+    cpu = torch.device("cpu")
+    reason = (
+        "bfloat16 (auto: this CPU has native bfloat16)"
+        if native_bfloat16(cpu)
+        else ("float32 (auto: this CPU has no native bfloat16)")
+    )
+    final = client.predict(**settings(max_new_tokens=8), api_name="/generate")
+    assert f"Number format: {reason}." in final[1] and trace_of(final)["dtype_reason"] == reason
+    summary = client.predict(prompts=["hi"], max_new_tokens=4, dtype="float32", api_name="/generate_batch")[1]
+    assert "Number format: float32 (chosen)." in summary
+    refusals = [("float16", "Unknown number format 'float16': use auto")]
+    if not native_bfloat16(cpu):
+        refusals.append(("bfloat16", "This CPU has no native bfloat16 (AMX or AVX-512 BF16), so bfloat16 would run"))
+    for dtype, message in refusals:
+        for inputs, api_name in [
+            (settings(dtype=dtype), "/generate"),
+            ({"prompts": ["hi"], "dtype": dtype}, "/generate_batch"),
+        ]:
+            with pytest.raises(AppError) as caught:
+                client.predict(**inputs, api_name=api_name)
+            assert message in str(caught.value), (message, str(caught.value)[:300])
+    assert "tok-" in client.predict(**settings(max_new_tokens=4), api_name="/generate")[0]  # still serving
+
+
+def test_a_greedy_difference_is_located_with_the_targets_top_two_there(offline_model):
+    request = ui.parse_request(*settings(SPELLING, max_new_tokens=6).values())
+    prompt_ids = chat_prompt_ids(offline_model, SPELLING)  # [1, T]
+    run = ui.Run(request, offline_model, None, prompt_ids, Schedulers(), time.monotonic() + 60)
+    eos = offline_model.eos_token_ids
+    baseline = list(autoregressive_generate(offline_model.model, prompt_ids, request.sampling, 6, eos))
+    target_ids = emitted_ids(baseline)
+    assert ui.greedy_divergence(run, baseline, baseline) is None
+    swapped = (target_ids[3] + 1) % offline_model.vocab_size  # the "speculative" run emits another 4th token
+    speculative = [*baseline[:3], replace(baseline[3], next_token_id=swapped), *baseline[4:]]
+    divergence = ui.greedy_divergence(run, speculative, baseline)
+    decode = offline_model.tokenizer.decode
+    assert (divergence.position, divergence.dtype) == (4, str(offline_model.model.dtype).removeprefix("torch."))
+    assert divergence.speculative_text == decode([swapped]) and divergence.target_text == decode([target_ids[3]])
+    with torch.inference_mode():  # the target alone's 4th token is its argmax after the shared prefix
+        logits = offline_model.model(torch.tensor([[*prompt_ids[0].tolist(), *target_ids[:3]]])).logits[0, -1]
+    top2 = logits.float().topk(2).values
+    assert divergence.top2_logit_gap == pytest.approx(float(top2[0] - top2[1]), abs=1e-4)
+    assert 1 > divergence.top2_probs[0] >= divergence.top2_probs[1] > 0
 
 
 def test_stop_ends_the_generation_within_a_second(client, monkeypatch):

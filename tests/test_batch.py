@@ -12,6 +12,7 @@ from specdemo.drafters import ModelDrafter, NgramDrafter, find_ngram_continuatio
 from specdemo.rejection import rejection_sample
 from specdemo.sampling import build_warpers, logits_to_probs, sample_from_probs
 from specdemo.stats import emitted_ids
+from specdemo.suffix import SuffixDrafter
 from tests.conftest import TINY_VOCAB, assert_equal_or_near_tie
 
 EOS = frozenset([1])
@@ -29,12 +30,15 @@ def run_alone(target, drafter, prompt, sampling, spec) -> list:
 
 
 @pytest.mark.parametrize("num_candidates", [1, 3])
-@pytest.mark.parametrize("drafter_kind", ["ngram", "model"])
+@pytest.mark.parametrize("drafter_kind", ["ngram", "suffix", "model"])
 def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(tiny_target, tiny_draft, drafter_kind, num_candidates):
     """Four prompts of different lengths, settings, seeds and limits; one joins after the first round; rows end at
-    different rounds (EOS or their limit). Each row's rounds equal those of the row decoded alone."""
+    different rounds (EOS or their limit). Each row's rounds equal those of the row decoded alone. (The suffix
+    drafter remembers no earlier outputs here: with them, a row's drafts would depend on the rows that left.)"""
 
     def drafter():
+        if drafter_kind == "suffix":
+            return SuffixDrafter(tiny_target, cache_tokens=0)
         return NgramDrafter(3, 1) if drafter_kind == "ngram" else ModelDrafter(tiny_draft, None, TINY_VOCAB)
 
     def spec(limit: int) -> SpeculativeConfig:

@@ -7,9 +7,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from specdemo.__main__ import main
 from specdemo.config import check_prompt_fits
+from specdemo.models import native_bfloat16
 
 PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesday to Thursday."
 
@@ -31,6 +33,8 @@ PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesd
         (["--pair", "fastest"], "Unknown pair 'fastest'"),
         (["--pair", "smollm2-135m-self", "--draft", "x/y"], "Give either --pair or --target/--draft"),
         (["--draft-temperature", "-2"], "draft temperature must be in [0, 10]"),
+        (["--suffix-cache-tokens", "-1"], "suffix-cache-tokens must be between 0 and 200000, got -1."),
+        (["--suffix-cache-tokens", "300000"], "suffix-cache-tokens must be between 0 and 200000, got 300000."),
     ],
 )
 def test_bad_settings_exit_2_with_one_sentence(arguments, message, capsys):
@@ -102,12 +106,52 @@ def test_a_failing_run_is_one_sentence_and_exit_1_and_debug_shows_the_traceback(
         main(["generate", "--prompt", PROMPT, "--max-new-tokens", "4", "--debug"])
 
 
-def test_dtype_bfloat16_decodes_in_bfloat16_and_says_so(offline_model, capsys):
+CPU = torch.device("cpu")
+NO_NATIVE_BFLOAT16 = (
+    "error: This CPU has no native bfloat16 (AMX or AVX-512 BF16), so bfloat16 would run in software and be slow; "
+    "CUDA GPUs and CPUs with AMX or AVX-512 BF16 support it: use auto or float32."
+)
+
+
+def test_dtype_auto_is_the_default_and_the_json_says_why(offline_model, capsys):
+    assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "4", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["device"] == "cpu"
+    if native_bfloat16(CPU):
+        assert (result["dtype"], result["dtype_reason"]) == (
+            "bfloat16",
+            "bfloat16 (auto: this CPU has native bfloat16)",
+        )
+    else:  # this project's AMD EPYC (AVX2 only)
+        assert (result["dtype"], result["dtype_reason"]) == (
+            "float32",
+            "float32 (auto: this CPU has no native bfloat16)",
+        )
+
+
+@pytest.mark.skipif(native_bfloat16(CPU), reason="this CPU has native bfloat16, so it is not refused")
+@pytest.mark.parametrize("command", [["generate", "--prompt", PROMPT], ["bench", "--repeats", "1"]])
+def test_dtype_bfloat16_is_refused_on_a_cpu_without_native_bfloat16(command, capsys):
+    assert main([*command, "--dtype", "bfloat16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == NO_NATIVE_BFLOAT16
+
+
+@pytest.mark.skipif(not native_bfloat16(CPU), reason="needs a CPU with AMX or AVX-512 BF16")
+def test_dtype_bfloat16_decodes_in_bfloat16_where_the_cpu_has_it(offline_model, capsys):
     assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "8", "--json", "--dtype", "bfloat16"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["dtype"] == "bfloat16" and result["device"] == "cpu"
+    assert (result["dtype"], result["dtype_reason"], result["device"]) == ("bfloat16", "bfloat16 (chosen)", "cpu")
     assert 0 < len(result["generated_token_ids"]) <= 8
     assert all(0 <= p <= 1 for r in result["rounds"] for p in r["acceptance_probs"])  # probabilities in float32
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", PROMPT], ["bench", "--repeats", "1"]])
+def test_an_unknown_dtype_gets_one_sentence_naming_the_choices(command, capsys):
+    assert main([*command, "--dtype", "float16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: Unknown number format 'float16': use auto (bfloat16 where the device computes in it natively, else "
+        "float32), float32 or bfloat16."
+    )
 
 
 @pytest.mark.parametrize(
@@ -164,3 +208,15 @@ def test_prompts_file_prints_one_json_object_per_prompt_equal_to_single_runs(off
         alone = json.loads(capsys.readouterr().out)
         assert record["generated_token_ids"] == alone["generated_token_ids"]
         assert set(record) >= set(alone) and "candidates" in record["rounds"][0]
+
+
+def test_the_suffix_drafter_says_what_it_chose_each_round(offline_model, capsys):
+    """`--draft suffix` picks the registered offline pair; every round it drafted for carries its plan in the JSON."""
+    prompt = "Repeat exactly: alpha beta gamma delta, alpha beta gamma delta."
+    args = ["generate", "--prompt", prompt, "--draft", "suffix", "--num-draft-tokens", "12", "--max-new-tokens", "24"]
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["pair"] == "smollm2-135m-suffix"
+    plans = [r["plan"] for r in result["rounds"] if r["plan"]]
+    assert plans and all(p["says"].startswith(("drafted nothing", "drafted ")) for p in plans)
+    assert any(p["num_tokens"] > 0 for p in plans) and all(p["num_tokens"] <= 12 for p in plans)

@@ -20,7 +20,7 @@ from specdemo.bench import run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model, weights_dtype
+from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model, resolve_dtype
 from specdemo.prompts import PROMPTS
 from specdemo.rejection import rejection_sample
 from specdemo.stats import emitted_ids, run_stats
@@ -28,7 +28,9 @@ from tests.conftest import SPELLING, TINY_VOCAB, hf_greedy, launched_app, tiny_m
 
 DEVICE_VARIABLE = "SPECDEMO_GPU_TEST_DEVICE"
 DEVICE = torch.device(os.environ.get(DEVICE_VARIABLE) or "cuda")
-DTYPE = weights_dtype(DEVICE)  # what load_model gives: bfloat16 on CUDA, float32 elsewhere
+DTYPE = resolve_dtype(
+    "auto", DEVICE
+)  # what load_model gives: bfloat16 on CUDA (Ampere or newer), often float32 on a CPU
 ON_CUDA = DEVICE.type == "cuda"
 NEAR_TIE = 0.05  # a top-2 logit gap (float32 forward) this small may flip between a K+1 pass and one-token steps
 MAX_NEW_TOKENS = 48 if ON_CUDA else 16  # the CPU dry run only checks the code paths

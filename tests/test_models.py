@@ -8,8 +8,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdemo.models import OFFLINE_DEFAULT, load_model, pick_device, resolve_source
+from specdemo import models
+from specdemo.model_cache import ModelCache
+from specdemo.models import (
+    OFFLINE_DEFAULT,
+    dtype_reason,
+    load_model,
+    native_bfloat16,
+    pick_device,
+    resolve_dtype,
+    resolve_source,
+)
 from specdemo.offline import OFFLINE_MODELS, offline_source
+
+CPU = torch.device("cpu")
 
 
 def test_unknown_names_are_refused_with_the_way_forward():
@@ -30,6 +42,45 @@ def test_specdemo_device_forces_the_device(monkeypatch):
     assert pick_device() == torch.device("meta")
     monkeypatch.delenv("SPECDEMO_DEVICE")
     assert pick_device().type in {"cpu", "cuda", "mps"}
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="reads the CPU's flags as Linux lists them")
+def test_native_bfloat16_agrees_with_the_cpus_flags():
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = {flag for line in lines if line.startswith("flags") for flag in line.partition(":")[2].split()}
+    assert native_bfloat16(CPU) == bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
+def test_auto_picks_bfloat16_only_where_the_device_computes_in_it(monkeypatch):
+    monkeypatch.setattr(models, "native_bfloat16", lambda device: False)  # this project's AVX2-only CPU
+    assert resolve_dtype("auto", CPU) == torch.float32 and resolve_dtype("float32", CPU) == torch.float32
+    assert dtype_reason("auto", CPU) == "float32 (auto: this CPU has no native bfloat16)"
+    assert dtype_reason("float32", CPU) == "float32 (chosen)"
+    with pytest.raises(
+        ValueError, match=r"^This CPU has no native bfloat16 \(AMX or AVX-512 BF16\), so bfloat16 would"
+    ):
+        resolve_dtype("bfloat16", CPU)
+    monkeypatch.setattr(models, "native_bfloat16", lambda device: True)  # AMX or AVX-512 BF16, or a CUDA GPU
+    assert resolve_dtype("auto", CPU) == torch.bfloat16 and resolve_dtype("bfloat16", CPU) == torch.bfloat16
+    assert dtype_reason("auto", CPU) == "bfloat16 (auto: this CPU has native bfloat16)"
+    assert dtype_reason("auto", torch.device("cuda")) == "bfloat16 (auto: CUDA)"
+    for name in ["float16", "Auto", ""]:
+        with pytest.raises(ValueError, match=r"^Unknown number format .*: use auto .*, float32 or bfloat16\.$"):
+            resolve_dtype(name, CPU)
+
+
+def test_the_cache_loads_a_model_again_when_asked_for_another_format():
+    class Loaded:  # stands in for a LoadedModel: its device and dtype
+        def __init__(self, name: str, progress, device, dtype) -> None:
+            self.device, self.model = device, type("Model", (), {"dtype": dtype})()
+
+    cache = ModelCache(Loaded)
+    first = cache.get("a/model", device=CPU, dtype=torch.float32)
+    assert cache.get("a/model", device=CPU, dtype=torch.float32) is first
+    assert cache.get("a/model") is first  # no format asked for: the one held
+    second = cache.get("a/model", device=CPU, dtype=torch.bfloat16)
+    assert second is not first and second.model.dtype == torch.bfloat16
+    assert list(cache.models) == ["a/model"]  # one copy held: the new format replaced the old
 
 
 def test_offline_default_loads_from_the_converted_cache_in_seconds(offline_model):

@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from specdemo.__main__ import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import speculative_generate
+from specdemo.drafter_kinds import DRAFTER_KINDS
 from specdemo.model_cache import ModelCache
 from specdemo.models import chat_prompt_ids, check_model_name, load_model
 from specdemo.offline import OFFLINE_MODELS, package_dir
@@ -29,11 +30,15 @@ def test_registry_is_well_formed():
         assert pair.label and pair.note.endswith((".", ")")), pair.key
         assert pair.suggested_hardware in {"cpu", "gpu"}
         for name in (pair.target, pair.drafter):
-            if name != NGRAM:
+            if name not in DRAFTER_KINDS:
                 check_model_name(name, allow_local=False)  # every name is valid where the app takes it
-        offline = pair.target in OFFLINE_MODELS and pair.drafter in {*OFFLINE_MODELS, NGRAM}
+        offline = pair.target in OFFLINE_MODELS and pair.drafter in {*OFFLINE_MODELS, *DRAFTER_KINDS}
         assert pair.needs_hub == (not offline), pair.key
-    assert {pair.key for pair in PAIRS if not pair.needs_hub} >= {"smollm2-135m-ngram", "smollm2-135m-self"}
+    assert {pair.key for pair in PAIRS if not pair.needs_hub} >= {
+        "smollm2-135m-ngram",
+        "smollm2-135m-suffix",
+        "smollm2-135m-self",
+    }
 
 
 OFFLINE_PAIRS = [pair for pair in PAIRS if not pair.needs_hub]
@@ -47,7 +52,7 @@ def test_every_offline_pair_loads_and_runs_a_round(pair, offline_model):
     cache.put(offline_model)  # the session's already-loaded default
     target, draft = load_pair(pair, cache, device=torch.device("cpu"))
     spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=4, draft_temperature=pair.draft_temperature)
-    drafter = make_drafter(target, draft, spec)
+    drafter = make_drafter(pair, target, draft, spec)
     prompt_ids = chat_prompt_ids(target, "Repeat after me: one two three, one two three.")
     first = next(speculative_generate(target.model, drafter, prompt_ids, SamplingConfig(), spec, target.eos_token_ids))
     assert 1 <= len(first.emitted_token_ids) <= 4

@@ -8,14 +8,17 @@ from specdemo.decoding import CandidateTrace
 from specdemo.render import (
     ANSI_STYLES,
     MAX_CANDIDATE_ROUNDS,
+    Divergence,
     ansi_text,
     candidates_html,
+    first_difference,
+    greedy_check,
     html_spans,
     sharing_note,
     summary_markdown,
     token_spans,
 )
-from specdemo.stats import Comparison, run_stats
+from specdemo.stats import Comparison, compare_runs, run_stats
 from tests.conftest import make_round
 
 WORDS = {1: " the", 2: " cat", 3: " sat", 4: " on", 5: " a", 6: " mat", 99: "!"}
@@ -88,6 +91,35 @@ def test_summary_is_honest_when_speculation_is_slower():
     assert "It misses because" not in text  # a 4% error needs no excuse
     assert "Speculation was slower here" in text and "1.60× a one-token step" in text and "α = 0.33" in text
     assert "slower" not in summary_markdown(spec, 3, baseline=base, comparison=replace(comparison, speedup=1.4))
+
+
+def test_greedy_check_says_where_the_texts_differ_and_how_near_a_tie():
+    assert first_difference([5, 6, 7, 8], [5, 6, 9, 8]) == 2
+    assert first_difference([5, 6], [5, 6, 7]) is None  # one begins the other: no token differs
+    near = Divergence(4, " cat", " dog", 0.0007, (0.412, 0.411), "float32")
+    assert greedy_check(True, near) == "Greedy check: the two texts are **identical**, token for token."
+    assert greedy_check(False, near) == (
+        "Greedy check: the two texts **differ** from generated token 4 on (' cat' speculative, ' dog' target alone), "
+        "where the target's top two logits are 0.0007 apart (41.2% against 41.1%): in float32, a K+1-token "
+        "verification pass and one-token steps round differently, and at such a near-tie that can flip the argmax."
+    )
+    assert "worth reporting" in greedy_check(False, replace(near, top2_logit_gap=2.5, top2_probs=(0.8, 0.07)))
+    assert "near-tie that can flip" in greedy_check(False, replace(near, top2_logit_gap=0.125, dtype="bfloat16"))
+    assert "float32" not in greedy_check(False, replace(near, top2_logit_gap=0.125, dtype="bfloat16"))
+    assert "**differ** (near-ties" in greedy_check(False, None)
+
+
+def test_the_summary_names_the_number_format_and_where_greedy_texts_differ():
+    spec_rounds = [make_round(0, [1, 2, 3], 3, "bonus", 0.2)]
+    base_rounds = [make_round(i, [], 0, "bonus", 0.1) for i in range(4)]
+    spec, base, comparison = run_stats(spec_rounds), run_stats(base_rounds), compare_runs(spec_rounds, base_rounds, 3)
+    reason = "float32 (auto: this CPU has no native bfloat16)"
+    assert f"Number format: {reason}." in summary_markdown(spec, 3, number_format=reason)
+    divergence = Divergence(2, "a", "b", 0.0004, (0.5, 0.5), "float32")
+    text = summary_markdown(
+        spec, 3, baseline=base, comparison=replace(comparison, identical=False), greedy=True, divergence=divergence
+    )
+    assert "**differ** from generated token 2 on ('a' speculative, 'b' target alone)" in text
 
 
 def round_with_candidates(index: int, num_rows: int = 1):

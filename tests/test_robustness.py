@@ -21,7 +21,7 @@ import specdemo.ui as ui
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import speculative_generate
 from specdemo.models import chat_prompt_ids
-from specdemo.pairs import make_drafter
+from specdemo.pairs import DEFAULT_PAIR, make_drafter
 from tests.conftest import SPELLING, assert_equal_or_near_tie, launched_app, settings, trace_of
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -48,7 +48,7 @@ def run_alone(offline_model, prompt: str, variant: dict, seed: int) -> list[int]
     prompt_ids = chat_prompt_ids(offline_model, prompt)
     rounds = speculative_generate(
         offline_model.model,
-        make_drafter(offline_model, None, speculative),
+        make_drafter(DEFAULT_PAIR, offline_model, None, speculative),
         prompt_ids,
         sampling,
         speculative,

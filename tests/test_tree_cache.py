@@ -18,7 +18,7 @@ from specdemo.decoding import Round, autoregressive_generate, speculative_genera
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.models import LoadedModel, chat_prompt_ids, load_model
 from specdemo.offline import OFFLINE_MODELS, package_dir
-from specdemo.pairs import make_drafter
+from specdemo.pairs import find_pair, make_drafter
 from specdemo.stats import emitted_ids
 from specdemo.tree_cache import RowRequest, TreeCachedModel, attention_kinds
 from tests.conftest import hf_greedy, tiny_model
@@ -207,7 +207,7 @@ def test_gemma_greedy_parity_with_rejections_past_the_window(gemma):
     window = gemma.model.config.sliding_window
     assert window == 512 and prompt_ids.shape[1] >= 700, (window, prompt_ids.shape)
     spec = SpeculativeConfig(max_new_tokens=50)
-    drafter = make_drafter(gemma, None, spec)
+    drafter = make_drafter(find_pair("gemma-3-270m-ngram"), gemma, None, spec)
     assert isinstance(drafter, NgramDrafter)
     rounds = list(speculative_generate(gemma.model, drafter, prompt_ids, GREEDY, spec, gemma.eos_token_ids))
     assert rejections_past(rounds, prompt_ids.shape[1], window), [(r.draft_token_ids, r.num_accepted) for r in rounds]

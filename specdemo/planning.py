@@ -1,0 +1,137 @@
+"""Cost-aware drafting: what a target pass over n tokens costs on this device, measured once per model, and the
+choice of how much to draft (k tokens on each of W candidates, or nothing) that maximises expected tokens per step."""
+
+# W = num_candidates, K = num_draft_tokens, n = tokens read by one verification pass (1 + the drafted tokens)
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from specdemo.tree_cache import RowRequest, TreeCachedModel
+
+MEASURED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 129)  # n; others are interpolated
+CONTEXT_TOKENS = 128  # the cached context the measured passes follow
+
+
+def measure_pass_seconds(
+    model: PreTrainedModel, sizes: tuple[int, ...], context_tokens: int = CONTEXT_TOKENS, repeats: int = 3
+) -> dict[int, float]:
+    """Seconds of one cached forward pass reading n new tokens after a context_tokens prompt, through the engine's
+    own cache as verification feeds it (the sequence's last token and an n-1 token draft, dropped again at the next
+    pass); the median of `repeats` after one warm-up, sizes interleaved so that a slow spell of a shared machine
+    spreads over all of them."""
+    cached = TreeCachedModel(model)
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(model.config.vocab_size, (context_tokens,), generator=generator).tolist()
+    timings: dict[int, list[float]] = {size: [] for size in sizes}
+    for repeat in range(repeats + 1):
+        for size in sizes:
+            draft = torch.randint(model.config.vocab_size, (size - 1,), generator=generator).tolist()
+            cached.logits({0: RowRequest(context, [draft] if draft else [], "all")})
+            if repeat:
+                timings[size].append(cached.last_forward_seconds)
+    return {size: statistics.median(times) for size, times in timings.items()}
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (pool adjacent violators): a pass over more tokens never costs less,
+    whatever the noise of one measurement says."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for value in values:
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (mean_a, weight_a), (mean_b, weight_b) = blocks[-2], blocks.pop()
+            blocks[-1] = [(mean_a * weight_a + mean_b * weight_b) / (weight_a + weight_b), weight_a + weight_b]
+    return [mean for mean, weight in blocks for _ in range(int(weight))]
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """A target pass's cost in one-token steps, t(n) / t(1), from measured sizes; linear in between."""
+
+    sizes: tuple[int, ...]
+    steps_at: tuple[float, ...]  # t(size) / t(1), non-decreasing
+    step_seconds: float  # t(1)
+
+    @classmethod
+    def from_seconds(cls, seconds: dict[int, float]) -> PassCosts:
+        sizes = tuple(sorted(seconds))
+        smooth = monotone([seconds[size] for size in sizes])
+        return cls(sizes, tuple(value / smooth[0] for value in smooth), smooth[0])
+
+    def steps(self, num_tokens: int) -> float:
+        """t(n) / t(1); beyond the largest measured size, extrapolated from the last two."""
+        at = bisect.bisect_left(self.sizes, num_tokens)
+        if at < len(self.sizes) and self.sizes[at] == num_tokens:
+            return self.steps_at[at]
+        low = min(max(at - 1, 0), len(self.sizes) - 2)
+        (n0, n1), (s0, s1) = self.sizes[low : low + 2], self.steps_at[low : low + 2]
+        return s0 + (s1 - s0) * (num_tokens - n0) / (n1 - n0)
+
+
+_MEASURED: weakref.WeakKeyDictionary[PreTrainedModel, PassCosts] = weakref.WeakKeyDictionary()
+
+
+def pass_costs(model: PreTrainedModel, max_tokens: int) -> PassCosts:
+    """This model's pass costs up to max_tokens (measured on first use, a few seconds for a small model; kept per
+    model object, which the model cache holds once per name, number format and device; measured again only when
+    a larger pass is needed)."""
+    known = _MEASURED.get(model)
+    largest = next((size for size in MEASURED_SIZES if size >= max_tokens), MEASURED_SIZES[-1])
+    if known is None or known.sizes[-1] < largest:
+        sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
+        known = _MEASURED[model] = PassCosts.from_seconds(measure_pass_seconds(model, sizes))
+    return known
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a row drafted in a round and why: the option with the most expected tokens per step."""
+
+    num_tokens: int  # k drafted on each candidate (0: nothing drafted, a plain target step)
+    num_candidates: int  # W' candidates kept
+    expected_tokens: float  # emitted by the round, the bonus or resampled token included
+    expected_steps: float  # its cost in one-token target steps: the pass over 1 + W'k tokens
+    available_tokens: int  # the longest draft the drafter had to offer
+
+    def describe(self) -> str:
+        if self.num_tokens == 0:
+            offer = f" (it had {self.available_tokens} to offer)" if self.available_tokens else ""
+            return f"drafted nothing{offer}: a plain step, {self.expected_steps:.2f} steps for 1 token"
+        across = f" on {self.num_candidates} candidates" if self.num_candidates > 1 else ""
+        return (
+            f"drafted {self.num_tokens}{across}: expected {self.expected_tokens:.2f} tokens for "
+            f"{self.expected_steps:.2f} steps"
+        )
+
+
+def plan_draft(
+    acceptance: list[list[float]],  # [W][<=K]: the estimated chance that each candidate token is accepted, given
+    # its candidate's earlier tokens were; the candidates' first tokens are different, so their chances add up
+    costs: PassCosts,
+) -> Plan:
+    """Every (W', k) with W' <= W, k <= K, and drafting nothing; the one with the most expected tokens per step.
+    Expected tokens = 1 + the sum over drafted tokens of the chance that they and their prefix are accepted."""
+    reach = [[0.0] * len(candidate) for candidate in acceptance]  # chance the prefix up to and with it is accepted
+    for w, candidate in enumerate(acceptance):
+        chance = 1.0
+        for j, accept in enumerate(candidate):
+            chance *= accept
+            reach[w][j] = chance
+    available = max(map(len, acceptance), default=0)
+    best = Plan(0, 0, 1.0, 1.0, available)
+    for num_candidates in range(1, len(acceptance) + 1):
+        for num_tokens in range(1, available + 1):
+            kept = [row[:num_tokens] for row in reach[:num_candidates]]
+            drafted = sum(map(len, kept))
+            tokens = 1.0 + sum(map(sum, kept))
+            steps = costs.steps(1 + drafted)
+            if tokens / steps > best.expected_tokens / best.expected_steps:
+                best = Plan(num_tokens, num_candidates, tokens, steps, available)
+    return best
