@@ -290,6 +290,7 @@ def bench_command(args: argparse.Namespace) -> int:
         check_prompt_fits(prompt_ids.shape[1], speculative.max_new_tokens, target.context_length)
     log = partial(print, flush=True)
     results = run_bench(target, draft, speculative, args.repeats, prompts, log=log, pair=pair)
+    results["dtype_reason"] = dtype_reason(args.dtype, target.device)
     results["rejection_sampler"] = bench_rejection_sampler()
     print(markdown_table(results))
     output = Path(args.output)

@@ -15,11 +15,11 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.costs import measure_pass_seconds
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
 from specdemo.drafter_kinds import build_drafter, is_model_free
 from specdemo.models import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, Pair
-from specdemo.planning import measure_pass_seconds
 from specdemo.prompts import PROMPTS, BenchPrompt
 from specdemo.rejection import reference_rejection_sample, rejection_sample
 from specdemo.stats import compare_runs, emitted_ids, run_stats
@@ -154,6 +154,7 @@ def bench_row(
     accounted = statistics.median(c.tokens_per_pass / c.round_cost for c in comparisons)
     predicted = statistics.median(c.predicted_speedup for c in comparisons)
     stats = run_stats(runs[SPECULATIVE][0])  # greedy: every repeat decides the same rounds
+    planned = stats.planned_speedup  # a cost-aware drafter's own expectation, from its plans
     return {
         "prompt": prompt.name,
         "grounded": prompt.grounded,
@@ -174,6 +175,9 @@ def bench_row(
         "accounting_error": accounted / measured - 1,
         "predicted_speedup": predicted,  # Leviathan's independence model with the measured α, k and costs
         "prediction_error": predicted / measured - 1,
+        "planned_speedup": planned,
+        "plan_error": None if planned is None else planned / measured - 1,
+        "drafting_share": stats.draft_seconds / stats.wall_seconds,  # drafting's share of round time
     }
 
 
@@ -201,7 +205,12 @@ def summarise(rows: list[dict], names: list[str]) -> dict:
             "median prediction error": statistics.median(row["prediction_error"] for row in group),
             "largest accounting error": max((row["accounting_error"] for row in group), key=abs),
             "median overhead fraction": statistics.median(row["overhead_fraction"] for row in group),
+            "largest drafting share of round time": max(row.get("drafting_share", 0.0) for row in group),
         }
+        if all(row.get("plan_error") is not None for row in group):
+            summary[label]["median error of the drafter's own plans"] = statistics.median(
+                row["plan_error"] for row in group
+            )
     summary["all outputs identical"] = all(row["identical"] for row in rows)
     summary["accounting within 5% on every prompt"] = all(
         abs(row["accounting_error"]) <= ACCOUNTING_TOLERANCE for row in rows
@@ -229,8 +238,8 @@ def table_header(names: list[str]) -> str:
 def bench_pass_costs(
     model: PreTrainedModel, context_tokens: int = 200, sizes: tuple[int, ...] = (1, 2, 4, 6, 8), repeats: int = 10
 ) -> dict[int, float]:
-    """t(k) / t(1): one cached forward over k new tokens after a context_tokens prompt, as verification feeds it
-    (planning.measure_pass_seconds, which the suffix drafter's cost-aware draft length uses too)."""
+    """t(k) / t(1): one engine round whose target pass reads k tokens after a context_tokens prompt, against one
+    token (costs.measure_pass_seconds, which the suffix drafter's cost-aware draft length uses too)."""
     seconds = measure_pass_seconds(model, sizes, context_tokens, repeats)
     return {size: seconds[size] / seconds[sizes[0]] for size in sizes}
 
@@ -297,8 +306,13 @@ def markdown_table(results: dict) -> str:
             f"| {row['prompt']} | {'yes' if row['grounded'] else 'no'} | {row['new_tokens']} | {speeds} | "
             f"{row['alpha']:.2f} | {row['acceptance_rate']:.2f} | {row['mean_tokens_per_round']:.2f} | "
             f"{row['measured_speedup']:.2f}× | {row['accounted_speedup']:.2f}× ({row['accounting_error']:+.1%}) | "
-            f"{row['predicted_speedup']:.2f}× ({row['prediction_error']:+.0%}) | "
-            f"{'yes' if row['identical'] else 'NO'} |"
+            f"{row['predicted_speedup']:.2f}× ({row['prediction_error']:+.0%})"
+            + (
+                f"; the plans {row['planned_speedup']:.2f}× ({row['plan_error']:+.0%})"
+                if row.get("planned_speedup")
+                else ""
+            )
+            + f" | {'yes' if row['identical'] else 'NO'} |"
         )
     lines += ["", "| median | grounded prompts | open-ended prompts |", "|---|---|---|"]
     summary = results["summary"]

@@ -1,4 +1,4 @@
-"""Cost-aware drafting: what a target pass over n tokens costs on this device, measured once per model, and the
+"""Cost-aware drafting, pure: a round's cost in one-token steps from measured sizes (costs.py measures them), and the
 choice of how much to draft (k tokens on each of W candidates, or nothing) that maximises expected tokens per step."""
 
 # W = num_candidates, K = num_draft_tokens, n = tokens read by one verification pass (1 + the drafted tokens)
@@ -6,37 +6,7 @@ choice of how much to draft (k tokens on each of W candidates, or nothing) that 
 from __future__ import annotations
 
 import bisect
-import statistics
-import weakref
 from dataclasses import dataclass
-
-import torch
-from transformers import PreTrainedModel
-
-from specdemo.tree_cache import RowRequest, TreeCachedModel
-
-MEASURED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 129)  # n; others are interpolated
-CONTEXT_TOKENS = 128  # the cached context the measured passes follow
-
-
-def measure_pass_seconds(
-    model: PreTrainedModel, sizes: tuple[int, ...], context_tokens: int = CONTEXT_TOKENS, repeats: int = 3
-) -> dict[int, float]:
-    """Seconds of one cached forward pass reading n new tokens after a context_tokens prompt, through the engine's
-    own cache as verification feeds it (the sequence's last token and an n-1 token draft, dropped again at the next
-    pass); the median of `repeats` after one warm-up, sizes interleaved so that a slow spell of a shared machine
-    spreads over all of them."""
-    cached = TreeCachedModel(model)
-    generator = torch.Generator().manual_seed(0)
-    context = torch.randint(model.config.vocab_size, (context_tokens,), generator=generator).tolist()
-    timings: dict[int, list[float]] = {size: [] for size in sizes}
-    for repeat in range(repeats + 1):
-        for size in sizes:
-            draft = torch.randint(model.config.vocab_size, (size - 1,), generator=generator).tolist()
-            cached.logits({0: RowRequest(context, [draft] if draft else [], "all")})
-            if repeat:
-                timings[size].append(cached.last_forward_seconds)
-    return {size: statistics.median(times) for size, times in timings.items()}
 
 
 def monotone(values: list[float]) -> list[float]:
@@ -73,21 +43,6 @@ class PassCosts:
         low = min(max(at - 1, 0), len(self.sizes) - 2)
         (n0, n1), (s0, s1) = self.sizes[low : low + 2], self.steps_at[low : low + 2]
         return s0 + (s1 - s0) * (num_tokens - n0) / (n1 - n0)
-
-
-_MEASURED: weakref.WeakKeyDictionary[PreTrainedModel, PassCosts] = weakref.WeakKeyDictionary()
-
-
-def pass_costs(model: PreTrainedModel, max_tokens: int) -> PassCosts:
-    """This model's pass costs up to max_tokens (measured on first use, a few seconds for a small model; kept per
-    model object, which the model cache holds once per name, number format and device; measured again only when
-    a larger pass is needed)."""
-    known = _MEASURED.get(model)
-    largest = next((size for size in MEASURED_SIZES if size >= max_tokens), MEASURED_SIZES[-1])
-    if known is None or known.sizes[-1] < largest:
-        sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
-        known = _MEASURED[model] = PassCosts.from_seconds(measure_pass_seconds(model, sizes))
-    return known
 
 
 @dataclass(frozen=True)

@@ -612,7 +612,7 @@ def describe_pair(pair_key: str) -> tuple:
     """The pair's note, the custom id fields when 'custom' is picked, the draft temperature for draft models."""
     if pair_key == CUSTOM:
         return (
-            "Type a target and a drafter that share a tokenizer, or `ngram` as the drafter.",
+            f"Type a target and a drafter that share a tokenizer, or {drafter_names()} as the drafter.",
             gr.update(visible=True),
             gr.update(visible=True),
             gr.update(visible=True),

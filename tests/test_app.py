@@ -123,6 +123,19 @@ def test_the_page_names_the_number_format_and_refuses_one_the_device_lacks(clien
     assert "tok-" in client.predict(**settings(max_new_tokens=4), api_name="/generate")[0]  # still serving
 
 
+def test_the_suffix_pair_shows_each_rounds_choice_and_what_its_plans_expected(client):
+    """The page's tokens carry the round's plan in their tooltips; the summary sets the plans' expected speedup beside
+    the measured one; the trace keeps every plan; and the text is the target alone's (greedy)."""
+    prompt = "Copy this list exactly: red, green, blue, red, green, blue, red, green, blue."
+    final = client.predict(**settings(prompt, pair="smollm2-135m-suffix", num_draft_tokens=12), api_name="/generate")
+    tokens, summary, trace = final[0], final[1], trace_of(final)
+    assert "drafted " in tokens and "tokens for" in tokens  # e.g. title="... drafted 12: expected 5.39 tokens for..."
+    assert "**Cost-aware drafting**" in summary and "The plans expected" in summary and "measured" in summary
+    assert "the two texts are **identical**" in summary
+    plans = [r["plan"] for r in trace["rounds"] if r["plan"]]
+    assert plans and any(p["num_tokens"] > 5 for p in plans), [p["says"] for p in plans]
+
+
 def test_a_greedy_difference_is_located_with_the_targets_top_two_there(offline_model):
     request = ui.parse_request(*settings(SPELLING, max_new_tokens=6).values())
     prompt_ids = chat_prompt_ids(offline_model, SPELLING)  # [1, T]

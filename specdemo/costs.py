@@ -1,0 +1,74 @@
+"""What a round costs on this device: an engine round over n target tokens, measured once per model object (which
+the model cache keeps once per name, number format and device)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from collections.abc import Hashable
+
+import torch
+from transformers import PreTrainedModel
+
+from specdemo.config import MAX_NEW_TOKENS_LIMIT, MAX_NUM_DRAFT_TOKENS, SamplingConfig, SpeculativeConfig
+from specdemo.decoding import BatchDecoder
+from specdemo.drafters import Draft, DraftRequest
+from specdemo.planning import PassCosts
+
+MEASURED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 129)  # n; others are interpolated
+CONTEXT_TOKENS = 128  # the cached context the measured passes follow
+
+
+def measure_pass_seconds(
+    model: PreTrainedModel, sizes: tuple[int, ...], context_tokens: int = CONTEXT_TOKENS, repeats: int = 3
+) -> dict[int, float]:
+    """Seconds of one engine round whose target pass reads n tokens (the sequence's last token and n-1 drafted
+    ones, in candidates of at most MAX_NUM_DRAFT_TOKENS) after a context_tokens prompt: the pass, the cache's
+    bookkeeping, the probabilities and the rule, as a greedy row's round spends them. The median of `repeats` after
+    one warm-up, sizes interleaved so that a slow spell of a shared machine spreads over all of them."""
+    generator = torch.Generator().manual_seed(0)
+    vocab_size = model.config.vocab_size
+    drafter = _RandomDrafter(generator, vocab_size)
+    decoder = BatchDecoder(model, drafter, frozenset())
+    context = torch.randint(vocab_size, (context_tokens,), generator=generator).tolist()
+    decoder.add(0, context, SamplingConfig(), SpeculativeConfig(max_new_tokens=MAX_NEW_TOKENS_LIMIT))
+    timings: dict[int, list[float]] = {size: [] for size in sizes}
+    for repeat in range(repeats + 1):
+        for size in sizes:
+            drafter.num_tokens = size - 1
+            started = time.perf_counter()
+            decoder.step()
+            if repeat:
+                timings[size].append(time.perf_counter() - started)
+    return {size: statistics.median(times) for size, times in timings.items()}
+
+
+class _RandomDrafter:
+    """Proposes `num_tokens` random tokens whatever it is asked (rejected, so the row grows one token a round)."""
+
+    def __init__(self, generator: torch.Generator, vocab_size: int) -> None:
+        self.generator, self.vocab_size, self.num_tokens = generator, vocab_size, 0
+
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        tokens = torch.randint(self.vocab_size, (self.num_tokens,), generator=self.generator).tolist()
+        candidates = [tokens[i : i + MAX_NUM_DRAFT_TOKENS] for i in range(0, len(tokens), MAX_NUM_DRAFT_TOKENS)]
+        return [Draft(candidates, None) for _ in requests]
+
+    def forget(self, key: Hashable) -> None:
+        pass
+
+
+_MEASURED: weakref.WeakKeyDictionary[PreTrainedModel, PassCosts] = weakref.WeakKeyDictionary()
+
+
+def pass_costs(model: PreTrainedModel, max_tokens: int) -> PassCosts:
+    """This model's pass costs up to max_tokens (measured on first use, a few seconds for a small model; kept per
+    model object, which the model cache holds once per name, number format and device; measured again only when
+    a larger pass is needed)."""
+    known = _MEASURED.get(model)
+    largest = next((size for size in MEASURED_SIZES if size >= max_tokens), MEASURED_SIZES[-1])
+    if known is None or known.sizes[-1] < largest:
+        sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
+        known = _MEASURED[model] = PassCosts.from_seconds(measure_pass_seconds(model, sizes))
+    return known
