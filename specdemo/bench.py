@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.costs import measure_pass_seconds
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
-from specdemo.drafter_kinds import build_drafter, is_model_free
+from specdemo.drafter_kinds import DRAFTER_KINDS, build_drafter, is_model_free
 from specdemo.models import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, Pair
 from specdemo.prompts import PROMPTS, BenchPrompt
@@ -120,7 +120,7 @@ def run_bench(
         "dtype": str(target.model.dtype).removeprefix("torch."),
         "pair": pair.key,
         "model": target.name,
-        "draft": draft.name if draft is not None else "prompt lookup",
+        "draft": draft.name if draft is not None else DRAFTER_KINDS[pair.drafter].label,
         "draft_temperature": speculative.draft_temperature,
         "torch": torch.__version__,
         "num_draft_tokens": speculative.num_draft_tokens,

@@ -62,6 +62,10 @@ class _RandomDrafter:
 _MEASURED: weakref.WeakKeyDictionary[PreTrainedModel, PassCosts] = weakref.WeakKeyDictionary()
 
 
+def measured(model: PreTrainedModel) -> PassCosts | None:
+    return _MEASURED.get(model)
+
+
 def pass_costs(model: PreTrainedModel, max_tokens: int) -> PassCosts:
     """This model's pass costs up to max_tokens (measured on first use, a few seconds for a small model; kept per
     model object, which the model cache holds once per name, number format and device; measured again only when

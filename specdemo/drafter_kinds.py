@@ -6,36 +6,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specdemo.config import SpeculativeConfig
+from specdemo.config import MAX_NUM_DRAFT_TOKENS, SpeculativeConfig
+from specdemo.costs import measured, pass_costs
 from specdemo.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdemo.models import LoadedModel
+from specdemo.models import LoadedModel, Progress
 from specdemo.suffix import SuffixDrafter
 
 
 @dataclass(frozen=True)
 class DrafterKind:
     name: str  # what a pair, the CLI's --draft and the app's drafter field call it
+    label: str  # what tables call it
     description: str
     build: Callable[[LoadedModel, SpeculativeConfig], Drafter]  # (target, settings) -> a fresh drafter
+    prepare: Callable[[LoadedModel, Progress], None] = lambda target, progress: None  # once the target has loaded
 
 
-DRAFTER_KINDS: dict[str, DrafterKind] = {
-    kind.name: kind
-    for kind in (
-        DrafterKind(
-            "ngram",
-            "prompt lookup: copies what followed the same n-gram earlier, K tokens whenever it finds a match",
-            lambda target, speculative: NgramDrafter(speculative.max_ngram_size, speculative.min_ngram_size),
-        ),
-        DrafterKind(
-            "suffix",
-            "suffix counts over the prompt, the output and earlier outputs, drafting as much as this device's pass "
-            "costs say pays, and nothing when it would lose",
-            lambda target, speculative: SuffixDrafter(target.model, speculative.suffix_cache_tokens),
-        ),
-    )
-}
-NGRAM, SUFFIX = "ngram", "suffix"
+def measure_pass_costs(target: LoadedModel, progress: Progress) -> None:
+    """At load, not in a run's time: the pass costs a cost-aware drafter plans with, for drafts of up to
+    MAX_NUM_DRAFT_TOKENS on one candidate (seconds, once per model; wider passes are measured when first asked)."""
+    if measured(target.model) is None:
+        progress(f"Measuring {target.name}'s pass costs on this device (once, a few seconds)...")
+    pass_costs(target.model, MAX_NUM_DRAFT_TOKENS + 1)
 
 
 def is_model_free(drafter: str) -> bool:
@@ -56,3 +48,25 @@ def build_drafter(
         return DRAFTER_KINDS[drafter].build(target, speculative)
     assert draft is not None, f"the draft model '{drafter}' was not loaded"
     return ModelDrafter(draft.model, None, target.vocab_size)
+
+
+DRAFTER_KINDS: dict[str, DrafterKind] = {
+    kind.name: kind
+    for kind in (
+        DrafterKind(
+            "ngram",
+            "prompt lookup",
+            "prompt lookup: copies what followed the same n-gram earlier, K tokens whenever it finds a match",
+            lambda target, speculative: NgramDrafter(speculative.max_ngram_size, speculative.min_ngram_size),
+        ),
+        DrafterKind(
+            "suffix",
+            "suffix drafting, cost-aware",
+            "suffix counts over the prompt, the output and earlier outputs, drafting as much as this device's pass "
+            "costs say pays, and nothing when it would lose",
+            lambda target, speculative: SuffixDrafter(target.model, speculative.suffix_cache_tokens),
+            measure_pass_costs,
+        ),
+    )
+}
+NGRAM, SUFFIX = "ngram", "suffix"

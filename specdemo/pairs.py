@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specdemo.config import SpeculativeConfig
-from specdemo.drafter_kinds import NGRAM, SUFFIX, build_drafter, is_model_free
+from specdemo.drafter_kinds import DRAFTER_KINDS, NGRAM, SUFFIX, build_drafter, is_model_free
 from specdemo.drafters import Drafter
 from specdemo.model_cache import ModelCache
 from specdemo.models import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
@@ -177,6 +177,7 @@ def load_pair(
     whose tokenizer differs from the target's before anything runs."""
     target = cache.get(pair.target, progress, device=device, allow_local=allow_local, dtype=dtype)
     if not pair.uses_draft_model:
+        DRAFTER_KINDS[pair.drafter].prepare(target, progress)  # e.g. measure pass costs, outside any run's time
         return target, None
     draft = cache.get(pair.drafter, progress, device=target.device, allow_local=allow_local, dtype=dtype)
     check_same_tokenizer(target, draft)

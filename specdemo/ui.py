@@ -404,7 +404,12 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                     0, 2, value=1.5, step=0.05, visible=False, label="Draft temperature (the draft samples at its own)"
                 )
                 num_draft_tokens = gr.Slider(
-                    1, MAX_NUM_DRAFT_TOKENS, value=5, step=1, label="Draft tokens per round (γ)"
+                    1,
+                    MAX_NUM_DRAFT_TOKENS,
+                    value=5,
+                    step=1,
+                    label="Draft tokens per round (γ; the most, for a cost-aware drafter)",
+                    elem_id="num-draft-tokens",
                 )
                 num_candidates = gr.Slider(
                     1,

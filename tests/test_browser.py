@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -144,6 +145,28 @@ def test_switching_the_pair_mid_run_leaves_the_run_alone(browser, app):
     # The run finished with the settings it started with: prompt lookup, the same greedy tokens as before.
     assert page.locator("#tokens .tok").count() == first_tokens
     assert "identical" in page.inner_text("#summary")
+    page.close()
+
+
+def test_the_suffix_pair_says_what_each_round_chose(browser, app):
+    page = open_page(browser, app)
+    page.click("#pair input")
+    page.locator("li.item", has_text="suffix drafting").click()
+    page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('pass costs')", timeout=5_000)
+    page.locator("#num-draft-tokens input[type=number]").fill("12")
+    page.locator("#num-draft-tokens input[type=number]").press("Enter")
+    page.locator("#max-new-tokens input[type=number]").fill("48")
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.fill("#prompt textarea", "Copy this list exactly: red, green, blue, red, green, blue, red, green, blue.")
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    summary = page.inner_text("#summary")
+    assert "Cost-aware drafting" in summary and "The plans expected" in summary and "identical" in summary
+    titles = page.eval_on_selector_all("#tokens .tok", "spans => spans.map(s => s.title)")
+    # every token names its round's choice but the last round's, when no token was left to draft
+    assert sum("drafted " in t for t in titles) >= len(titles) - 1, titles[:3]
+    assert any(re.search(r"drafted \d+: expected \d+\.\d+ tokens for \d+\.\d+ steps", t) for t in titles), titles[:3]
+    page.screenshot(path=str(ARTIFACTS / "suffix-light.png"), full_page=True)
     page.close()
 
 
