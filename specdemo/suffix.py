@@ -143,8 +143,14 @@ class SuffixDrafter:
     """Model-free drafting from suffix counts, with the draft length chosen per round to maximise the expected
     tokens per step of this device (PassCosts); drafts nothing when drafting is expected to lose."""
 
-    def __init__(self, target: PreTrainedModel, cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS) -> None:
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS,
+        costs: PassCosts | None = None,  # None: the target's, measured on this device
+    ) -> None:
         self.target = target  # whose pass costs decide how much to draft
+        self.costs = costs
         self.cache_tokens = cache_tokens
         self.earlier = SuffixTrie(MAX_MATCH + 1)  # this drafter's earlier outputs, oldest forgotten first
         self.earlier_outputs: deque[list[int]] = deque()
@@ -170,7 +176,7 @@ class SuffixDrafter:
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
         # measured once per model (seconds), and again only for a longer pass than any before
-        costs = pass_costs(self.target, max(r.num_candidates * r.num_draft_tokens + 1 for r in requests))
+        costs = self.costs or pass_costs(self.target, max(r.num_candidates * r.num_draft_tokens + 1 for r in requests))
         return [self._propose(request, costs) for request in requests]
 
     def _propose(self, request: DraftRequest, costs: PassCosts) -> Draft:

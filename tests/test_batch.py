@@ -14,6 +14,7 @@ from specdemo.sampling import build_warpers, logits_to_probs, sample_from_probs
 from specdemo.stats import emitted_ids
 from specdemo.suffix import SuffixDrafter
 from tests.conftest import TINY_VOCAB, assert_equal_or_near_tie
+from tests.test_suffix import FREE
 
 EOS = frozenset([1])
 PROMPTS = [[0, 5, 9, 5, 9, 12, 7, 5, 9], [0, 3], [0, 10, 19, 5, 21, 5, 13, 13, 21, 4, 4, 7, 4, 4], [0, 8, 8, 8]]
@@ -38,7 +39,7 @@ def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(tiny_target, tiny
 
     def drafter():
         if drafter_kind == "suffix":
-            return SuffixDrafter(tiny_target, cache_tokens=0)
+            return SuffixDrafter(tiny_target, cache_tokens=0, costs=FREE)
         return NgramDrafter(3, 1) if drafter_kind == "ngram" else ModelDrafter(tiny_draft, None, TINY_VOCAB)
 
     def spec(limit: int) -> SpeculativeConfig:
