@@ -193,7 +193,7 @@ class SuffixDrafter:
         first = sum(candidate[0] for candidate in estimates)
         for candidate in estimates:  # the first tokens differ, so their chances cannot add up to more than 1
             candidate[0] /= max(1.0, first)
-        plan = plan_draft(estimates, costs)  # no timing here: a seed gives the same drafts, run after run
+        plan = plan_draft(estimates, costs)  # no clock here: in one process, a seed gives the same drafts
         state.last_draft = [candidate[: plan.num_tokens] for candidate in candidates[: plan.num_candidates]]
         return Draft([[token for token, _, _ in candidate] for candidate in state.last_draft], None, plan=plan)
 
