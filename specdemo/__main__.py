@@ -25,6 +25,7 @@ from specdemo.config import (
     check_prompt,
     check_prompt_fits,
 )
+from specdemo.costs import MEASURED_SIZES, measure_pass_seconds
 from specdemo.decoding import Round, autoregressive_generate, batch_generate, speculative_generate
 from specdemo.drafter_kinds import drafter_names
 from specdemo.drafters import NoDrafter
@@ -49,10 +50,12 @@ from specdemo.pairs import (
     make_drafter,
     pairs_table,
 )
+from specdemo.planning import PassCosts
 from specdemo.prompts import MAX_PROMPTS_FILE_LINES, PROMPTS, load_prompt_lines, load_prompts
 from specdemo.render import ansi_text, token_spans
 from specdemo.stats import round_record, run_stats
 
+PLANNER_SIZES = tuple(size for size in MEASURED_SIZES if size <= 24)  # what the suffix pair measures at load
 EXIT_BAD_INPUT = 2  # as argparse uses for bad arguments
 EXIT_RUN_FAILED = 1  # the settings were fine but the run failed (a model error, out of memory...)
 
@@ -269,7 +272,19 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.pass_costs:
         target, _ = load_pair(find_pair(args.pair), ModelCache(), _progress, allow_local=True, dtype=cli_dtype(args))
         costs = bench_pass_costs(target.model)
-        print(json.dumps({"model": target.description, "context_tokens": 200, "cost_over_one_token": costs}))
+        started = time.perf_counter()  # what a cost-aware drafter measures at load: engine rounds up to n = 24
+        planner = PassCosts.from_seconds(measure_pass_seconds(target.model, PLANNER_SIZES))
+        print(
+            json.dumps(
+                {
+                    "model": target.description,
+                    "context_tokens": 200,
+                    "cost_over_one_token": costs,
+                    "planner_rounds": dict(zip(planner.sizes, planner.steps_at, strict=True)),
+                    "planner_seconds_to_measure": time.perf_counter() - started,
+                }
+            )
+        )
         return 0
     if args.repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {args.repeats}.")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specdemo.config import SpeculativeConfig
-from specdemo.drafter_kinds import DRAFTER_KINDS, NGRAM, SUFFIX, build_drafter, is_model_free
+from specdemo.drafter_kinds import DRAFTER_KINDS, NGRAM, SUFFIX, build_drafter, drafter_names, is_model_free
 from specdemo.drafters import Drafter
 from specdemo.model_cache import ModelCache
 from specdemo.models import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
@@ -142,7 +142,10 @@ def custom_pair(target: str, drafter: str, allow_local: bool = False) -> Pair:
     on load."""
     check_model_name(target, allow_local)
     if not is_model_free(drafter):
-        check_model_name(drafter, allow_local)
+        try:
+            check_model_name(drafter, allow_local)
+        except ValueError as error:  # a misspelt drafter kind lands here too: name them
+            raise ValueError(f"{str(error).removesuffix('.')}; a drafter may also be {drafter_names()}.") from None
     return Pair(
         "custom",
         f"{target} drafted by {drafter}",

@@ -34,11 +34,13 @@ def build_warpers(sampling: SamplingConfig) -> LogitsProcessorList:
     return warpers
 
 
-def _penalised(
+def penalised_scores(
     logits: torch.Tensor,  # [B, N, V]
     context_ids: torch.Tensor,  # [B, T+N-1]
     sampling: SamplingConfig,
 ) -> torch.Tensor:  # [B, N, V] float32
+    """The scores greedy decoding takes the argmax of: float32, after the repetition penalty on each position's own
+    prefix."""
     scores = logits.float()
     if sampling.repetition_penalty == 1.0:
         return scores
@@ -55,7 +57,7 @@ def greedy_token_ids(
     sampling: SamplingConfig,
 ) -> torch.Tensor:  # [B, N] int64
     """What generate(do_sample=False) picks at each position: the first maximum after the repetition penalty."""
-    return _penalised(logits, context_ids, sampling).argmax(dim=-1)
+    return penalised_scores(logits, context_ids, sampling).argmax(dim=-1)
 
 
 def logits_to_probs(
@@ -68,7 +70,7 @@ def logits_to_probs(
     batch_size, num_positions, vocab_size = logits.shape
     if sampling.is_greedy:
         return torch.nn.functional.one_hot(greedy_token_ids(logits, context_ids, sampling), vocab_size).float()
-    flat = _penalised(logits, context_ids, sampling).reshape(batch_size * num_positions, vocab_size)  # [B*N, V]
+    flat = penalised_scores(logits, context_ids, sampling).reshape(batch_size * num_positions, vocab_size)  # [B*N, V]
     flat = warpers(context_ids, flat)  # temperature, top-k and top-p ignore the context
     return flat.softmax(dim=-1).reshape(batch_size, num_positions, vocab_size)
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import gradio as gr
 import torch
-from transformers import RepetitionPenaltyLogitsProcessor
 
 from specdemo.audit_tab import build_audit_tab
 from specdemo.config import (
@@ -69,6 +68,7 @@ from specdemo.render import (
     summary_markdown,
     token_text,
 )
+from specdemo.sampling import penalised_scores
 from specdemo.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers
 from specdemo.stats import compare_runs, emitted_ids, round_record, run_stats
 
@@ -772,12 +772,10 @@ def greedy_divergence(run: Run, rounds: list[Round], baseline: list[Round]) -> D
     context = [*run.prompt_ids[0].tolist(), *target_ids[:first]]
     context_ids = torch.tensor([context], device=run.target.device)  # [1, T + first]
     with run.schedulers.models_lock:  # apart from other runs' passes
-        logits = run.target.model(input_ids=context_ids, logits_to_keep=1).logits[:, -1].float()  # [1, V]
-    penalty = run.request.sampling.repetition_penalty
-    if penalty != 1.0:  # greedy picks the argmax after the penalty, as generate() does
-        logits = RepetitionPenaltyLogitsProcessor(penalty)(context_ids, logits)
-    top_logits = logits[0].topk(2).values  # [2]
-    top_probs = logits[0].softmax(dim=-1).topk(2).values  # [2]
+        logits = run.target.model(input_ids=context_ids, logits_to_keep=1).logits  # [1, 1, V]
+    scores = penalised_scores(logits, context_ids, run.request.sampling)[0, 0]  # [V] what greedy takes the argmax of
+    top_logits = scores.topk(2).values  # [2]
+    top_probs = scores.softmax(dim=-1).topk(2).values  # [2]
     decode = partial(run.target.tokenizer.decode, skip_special_tokens=False)
     return Divergence(
         position=first + 1,

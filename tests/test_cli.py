@@ -33,6 +33,8 @@ PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesd
         (["--pair", "fastest"], "Unknown pair 'fastest'"),
         (["--pair", "smollm2-135m-self", "--draft", "x/y"], "Give either --pair or --target/--draft"),
         (["--draft-temperature", "-2"], "draft temperature must be in [0, 10]"),
+        (["--draft", "sufix"], "'sufix' is not a valid model id"),
+        (["--draft", "sufix"], "a drafter may also be 'ngram' or 'suffix'."),
         (["--suffix-cache-tokens", "-1"], "suffix-cache-tokens must be between 0 and 200000, got -1."),
         (["--suffix-cache-tokens", "300000"], "suffix-cache-tokens must be between 0 and 200000, got 300000."),
     ],
