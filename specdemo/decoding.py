@@ -16,7 +16,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 from specdemo.candidates import CandidateVerdict, Verify, verify_batch
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.drafters import Draft, Drafter, DraftRequest, NoDrafter
-from specdemo.planning import Plan
+from specdemo.planning import Cut, PassCosts, Plan, plan_shared_pass
 from specdemo.sampling import build_warpers, greedy_token_ids, logits_to_probs
 from specdemo.tree_cache import RowRequest, TreeCachedModel
 
@@ -63,6 +63,7 @@ class Round:
     path: int = 0  # the index of the accepted candidate in `candidates`
     num_rows: int = 1  # rows that shared the round's passes
     plan: Plan | None = None  # a cost-aware drafter's choice of how much to draft, with what it expected
+    cut: Cut | None = None  # the draft cut for a pass shared with other rows
 
     @property
     def emitted_token_ids(self) -> list[int]:
@@ -97,6 +98,8 @@ class _Row:
     warpers: LogitsProcessorList = field(init=False)
     num_generated: int = 0
     num_rounds: int = 0
+    drafts_tested: int = 0  # drafted tokens tested on the accepted candidate's path, over the row's rounds
+    drafts_accepted: int = 0
 
     def __post_init__(self) -> None:
         self.warpers = build_warpers(self.sampling)
@@ -110,13 +113,32 @@ class _Row:
             key, self.sequence_ids, num_draft, self.speculative.num_candidates, draft_sampling, self.generator
         )
 
+    def chances(self, draft: Draft) -> list[list[float]]:
+        """[W][K] the chance that each drafted token is accepted given its prefix: the drafter's own estimate, or the
+        row's acceptance so far (Laplace's rule), the first tokens' chances scaled to add up to at most 1."""
+        if draft.chances is not None:
+            return draft.chances
+        rate = (self.drafts_accepted + 1) / (self.drafts_tested + 2)
+        first = min(1.0, 1.0 / max(1, len(draft.token_ids)) / rate)
+        return [[rate * first] + [rate] * (len(candidate) - 1) for candidate in draft.token_ids]
+
+
+def _cut(draft: Draft, num_tokens: int) -> Draft:
+    """The draft with every candidate cut to num_tokens (the empty ones dropped)."""
+    token_ids = [candidate[:num_tokens] for candidate in draft.token_ids if candidate[:num_tokens]]
+    depth = max(map(len, token_ids), default=0)
+    probs = None if draft.probs is None or not token_ids else draft.probs[:, :depth]
+    chances = None if draft.chances is None else [c[:num_tokens] for c in draft.chances[: len(token_ids)]]
+    return Draft(token_ids, probs, draft.forward_seconds, draft.plan, chances)
+
 
 def _cut_at_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
     """Drafts after an EOS could never be emitted, so they are neither verified nor counted."""
     token_ids = [candidate[: _eos_cut(candidate, eos_token_ids)] for candidate in draft.token_ids]
     depth = max(map(len, token_ids), default=0)
     probs = None if draft.probs is None else draft.probs[:, :depth]
-    return Draft(token_ids, probs, draft.forward_seconds, draft.plan)
+    chances = None if draft.chances is None else [c[: len(t)] for c, t in zip(draft.chances, token_ids, strict=True)]
+    return Draft(token_ids, probs, draft.forward_seconds, draft.plan, chances)
 
 
 def _row_tensors(
@@ -205,8 +227,10 @@ class BatchDecoder:
         drafter: Drafter,
         eos_token_ids: frozenset[int],
         verify: Verify = verify_batch,  # the multi-candidate rule; the audit plants bugs here
+        costs: PassCosts | None = None,  # this device's pass costs: drafts are cut when a shared pass pays for it
     ) -> None:
         self.verifier = TreeCachedModel(target)
+        self.costs = costs
         self.drafter = drafter
         self.verify = verify
         self.eos_token_ids = eos_token_ids
@@ -242,6 +266,7 @@ class BatchDecoder:
         asking = [r for r in requests if r.num_draft_tokens > 0]
         proposed = dict(zip((r.key for r in asking), self.drafter.propose(asking) if asking else [], strict=True))
         drafts = [_cut_at_eos(proposed.get(key, Draft([], None)), self.eos_token_ids) for key in keys]
+        drafts, cuts = self._cut_for_sharing(rows, drafts)
         drafted = time.perf_counter()
         forward_before = self.verifier.forward_seconds
         target_logits = self.verifier.logits(
@@ -259,7 +284,7 @@ class BatchDecoder:
             except Exception as error:  # this row's settings: it leaves, the others go on
                 failed[key] = error
         kept = [i for i, key in enumerate(keys) if key not in failed]
-        keys, rows, drafts = [keys[i] for i in kept], [rows[i] for i in kept], [drafts[i] for i in kept]
+        keys, rows, drafts, cuts = ([column[i] for i in kept] for column in (keys, rows, drafts, cuts))
         verdict = _pad_and_verify(inputs, self.verify) if inputs else None
         timings = dict(
             draft_seconds=drafted - started,
@@ -270,9 +295,9 @@ class BatchDecoder:
             num_rows=len(rows),
         )
         outcomes: list[tuple[Hashable, Round | Exception]] = []
-        for b, (key, row, draft) in enumerate(zip(keys, rows, drafts, strict=True)):
+        for b, (key, row, draft, cut) in enumerate(zip(keys, rows, drafts, cuts, strict=True)):
             try:
-                outcomes.append((key, self._finish_round(b, key, row, draft, verdict, timings)))
+                outcomes.append((key, self._finish_round(b, key, row, draft, cut, verdict, timings)))
             except Exception as error:
                 failed[key] = error
         for key in failed:
@@ -283,12 +308,29 @@ class BatchDecoder:
             for key, outcome in outcomes
         ] + list(failed.items())
 
+    def _cut_for_sharing(self, rows: list[_Row], drafts: list[Draft]) -> tuple[list[Draft], list[Cut | None]]:
+        """With the device's pass costs and more than one row: every row's candidates cut to the depth with the most
+        expected tokens per step for the batch (rows are padded to the widest, so a long draft is every row's cost).
+        The cut depends on the rows' past only, so each row's tokens still follow its target exactly; a sampled
+        row's tokens are then another draw than alone (the draws' layout follows the draft), greedy ones the same."""
+        if self.costs is None or len(rows) < 2:
+            return drafts, [None] * len(drafts)
+        depth, rate, uncut_rate = plan_shared_pass(
+            [row.chances(d) for row, d in zip(rows, drafts, strict=True)], self.costs
+        )
+        cuts: list[Cut | None] = []
+        for draft in drafts:
+            available = max(map(len, draft.token_ids), default=0)
+            cuts.append(Cut(depth, available, len(rows), rate, uncut_rate) if available > depth else None)
+        return [_cut(d, depth) if cut else d for d, cut in zip(drafts, cuts, strict=True)], cuts
+
     def _finish_round(
         self,
         b: int,
         key: Hashable,
         row: _Row,
         draft: Draft,
+        cut: Cut | None,
         verdict: CandidateVerdict,
         timings: dict[str, float | int],
     ) -> Round:
@@ -316,8 +358,11 @@ class BatchDecoder:
             candidates=candidates,
             path=path,
             plan=draft.plan,
+            cut=cut,
             **timings,
         )
+        row.drafts_tested += sum(chosen.tested)
+        row.drafts_accepted += accepted
         row.sequence_ids = row.sequence_ids + emitted
         row.num_generated += len(emitted)
         row.num_rounds += 1

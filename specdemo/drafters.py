@@ -38,6 +38,7 @@ class Draft:
     probs: torch.Tensor | None  # [W, K, V] float32 (V the target's); None: deterministic, q one-hot on the tokens
     forward_seconds: float = 0.0  # time in the drafter's forward passes, shared by the rows drafted together
     plan: Plan | None = None  # how much a cost-aware drafter chose to draft, and what it expected of it
+    chances: list[list[float]] | None = None  # [W][K] its estimate that each token is accepted given its prefix
 
 
 class Drafter(Protocol):

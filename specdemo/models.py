@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import re
 import socket
@@ -228,7 +229,9 @@ def bound_allocator_arenas(arenas: int = SERVING_MALLOC_ARENAS) -> None:
 
 def release_freed_memory() -> None:
     """Give memory that was freed back to the system (glibc keeps it otherwise: after the load test's 24 runs, 420
-    MB stayed resident, and malloc_trim returned all of it). The app calls it when its models go idle."""
+    MB stayed resident, and malloc_trim returned all of it). The app calls it when its models go idle. Objects in
+    reference cycles (a finished run's frames and tensors) are collected first, so that their memory is free too."""
+    gc.collect()
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:

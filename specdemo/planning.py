@@ -66,6 +66,18 @@ class Plan:
         )
 
 
+def reach_chances(acceptance: list[list[float]]) -> list[list[float]]:
+    """[W][<=K]: the chance that each candidate token and its prefix are accepted (the products along the prefix)."""
+    reach = []
+    for candidate in acceptance:
+        chance, row = 1.0, []
+        for accept in candidate:
+            chance *= accept
+            row.append(chance)
+        reach.append(row)
+    return reach
+
+
 def plan_draft(
     acceptance: list[list[float]],  # [W][<=K]: the estimated chance that each candidate token is accepted, given
     # its candidate's earlier tokens were; the candidates' first tokens are different, so their chances add up
@@ -73,12 +85,7 @@ def plan_draft(
 ) -> Plan:
     """Every (W', k) with W' <= W, k <= K, and drafting nothing; the one with the most expected tokens per step.
     Expected tokens = 1 + the sum over drafted tokens of the chance that they and their prefix are accepted."""
-    reach = [[0.0] * len(candidate) for candidate in acceptance]  # chance the prefix up to and with it is accepted
-    for w, candidate in enumerate(acceptance):
-        chance = 1.0
-        for j, accept in enumerate(candidate):
-            chance *= accept
-            reach[w][j] = chance
+    reach = reach_chances(acceptance)
     available = max(map(len, acceptance), default=0)
     best = Plan(0, 0, 1.0, 1.0, available)
     for num_candidates in range(1, len(acceptance) + 1):
@@ -90,3 +97,41 @@ def plan_draft(
             if tokens / steps > best.expected_tokens / best.expected_steps:
                 best = Plan(num_tokens, num_candidates, tokens, steps, available)
     return best
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A row's drafts cut for a pass shared with other rows: every row is padded to the widest, so one row's long
+    draft costs every row's time."""
+
+    num_tokens: int  # tokens each candidate kept (0: nothing drafted)
+    available_tokens: int  # the row's longest candidate before the cut
+    num_rows: int  # rows sharing the pass
+    tokens_per_step: float  # the batch's expected tokens per step with this cut, the best of every cut
+    uncut_tokens_per_step: float  # the same without cutting
+
+    def describe(self) -> str:
+        kept = f"cut from {self.available_tokens} to {self.num_tokens} drafted tokens"
+        return (
+            f"{kept}: the pass was shared by {self.num_rows} rows, padded to the widest, and the batch expected "
+            f"{self.tokens_per_step:.2f} tokens per step so, against {self.uncut_tokens_per_step:.2f} uncut"
+        )
+
+
+def plan_shared_pass(
+    rows: list[list[list[float]]],  # per row, [W][<=K] the chance of each candidate token given its prefix
+    costs: PassCosts,
+) -> tuple[int, float, float]:
+    """The depth every row's candidates are cut to that maximises the batch's expected tokens per step, with that
+    rate and the uncut one. A pass reads every row padded to the widest: B x (1 + the most candidate tokens of one
+    row) positions, which cost what one row's pass over as many positions costs (measured within 10-30% on this
+    CPU). On a tie the deeper cut wins: no needless cut."""
+    reaches = [reach_chances(row) for row in rows]
+    deepest = max((len(candidate) for row in rows for candidate in row), default=0)
+    rates = []
+    for depth in range(deepest + 1):
+        slots = max(sum(min(len(candidate), depth) for candidate in row) for row in rows)
+        tokens = sum(1.0 + sum(sum(candidate[:depth]) for candidate in reach) for reach in reaches)
+        rates.append(tokens / costs.steps(len(rows) * (1 + slots)))
+    best = max(range(deepest + 1), key=lambda depth: (rates[depth], depth))
+    return best, rates[best], rates[deepest]

@@ -85,7 +85,8 @@ def _next_span(round_: Round, decode: Decode, context_ids: Sequence[int]) -> Tok
 
 
 def plan_text(round_: Round) -> str:
-    return round_.plan.describe() if round_.plan else ""
+    """How much the round drafted and why: a cost-aware drafter's plan, and a cut for a shared pass."""
+    return "; ".join(choice.describe() for choice in (round_.plan, round_.cut) if choice)
 
 
 def token_spans(rounds: Sequence[Round], decode: Decode) -> list[TokenSpan]:
@@ -418,6 +419,23 @@ def sharing_note(speculative: Sequence[Round], baseline: Sequence[Round]) -> str
         f"of {len(baseline)} target-alone rounds shared their model pass with other runs (up to "
         f"{max(shared + shared_baseline)} rows), so their times include other people's work and do not compare. "
         "Tokens per pass and α are your run's own; run again when the app is quiet for a fair speedup."
+    )
+
+
+def cut_note(rounds: Sequence[Round], greedy: bool) -> str | None:
+    """What cutting drafts for shared passes did to the run (None when no round was cut)."""
+    cut = [r for r in rounds if r.cut]
+    if not cut:
+        return None
+    same = (
+        "a greedy run's are the same as alone"
+        if greedy
+        else "a sampled run's are another draw of the same distribution than its seed gives alone"
+    )
+    return (
+        f"**Drafts cut for shared passes:** in {len(cut)} of {len(rounds)} rounds your run shared its pass with up to "
+        f"{max(r.cut.num_rows for r in cut)} rows and drafted less than it could, because every row of a pass is "
+        f"padded to the widest (hover a token for its round's cut). The tokens still follow the target exactly; {same}."
     )
 
 

@@ -13,13 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.config import MAX_NUM_DRAFT_TOKENS, SamplingConfig, SpeculativeConfig
+from specdemo.costs import MEASURED_SIZES, measured, pass_costs
 from specdemo.decoding import BatchDecoder, Round
 from specdemo.drafter_kinds import NGRAM, build_drafter, is_model_free
 from specdemo.drafters import Drafter
-from specdemo.models import LoadedModel, release_freed_memory
+from specdemo.models import LoadedModel, Progress, release_freed_memory
 
 MAX_BATCH_ROWS = 8  # rows decoded together; a run that finds the batch full waits for a place
+IDLE_RELEASE_SECONDS = 1.0  # after the models go idle, freed memory goes back to the system again after this
+SHARED_PASS_TOKENS = MAX_BATCH_ROWS * (MAX_NUM_DRAFT_TOKENS + 1)  # a full batch's pass at the longest drafts
 _END = object()  # a row's last item: it finished, was cancelled, or failed (the exception came just before)
 
 
@@ -108,7 +111,8 @@ class Scheduler:
         max_rows: int = MAX_BATCH_ROWS,
         on_idle: Callable[[Scheduler], None] = lambda scheduler: None,
     ) -> None:
-        self.decoder = BatchDecoder(target, drafter, eos_token_ids)  # type: ignore[arg-type]
+        # with the target's measured pass costs, drafts are cut when a shared pass pays for it
+        self.decoder = BatchDecoder(target, drafter, eos_token_ids, costs=measured(target))  # type: ignore[arg-type]
         self.models_lock, self.max_rows, self.on_idle = models_lock, max_rows, on_idle
         self.condition = threading.Condition()
         self.waiting: list[tuple[Hashable, DecodeRequest]] = []
@@ -191,6 +195,15 @@ class Scheduler:
             stream.arrived.put((index, _END))
 
 
+def measure_for_sharing(target: LoadedModel, progress: Progress) -> None:
+    """At load, not in a run's time: the pass costs by which a shared batch cuts its drafts, for passes of up to
+    SHARED_PASS_TOKENS positions (about ten seconds for the offline default on 2 CPU cores, once per model)."""
+    known = measured(target.model)
+    if known is None or known.sizes[-1] < min(SHARED_PASS_TOKENS, MEASURED_SIZES[-1]):
+        progress(f"Measuring {target.name}'s pass costs on this device, for shared batches (once, seconds)...")
+    pass_costs(target.model, SHARED_PASS_TOKENS)
+
+
 class Schedulers:
     """A Scheduler per target model and drafter, made on first use and let go when idle (so an evicted model is not
     kept); all share one lock on the models."""
@@ -222,5 +235,13 @@ class Schedulers:
         with self.lock:
             if self.active.get(key) is scheduler:
                 del self.active[key]
-            if not self.active:  # nothing decodes: what the runs freed goes back to the system
+            if not self.active:  # nothing decodes: what the runs freed goes back to the system, now and once the
+                release_freed_memory()  # pages have rendered the last rounds (if nothing decodes by then)
+                later = threading.Timer(IDLE_RELEASE_SECONDS, self._release_if_idle)
+                later.daemon = True
+                later.start()
+
+    def _release_if_idle(self) -> None:
+        with self.lock:
+            if not self.active:
                 release_freed_memory()

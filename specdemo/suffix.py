@@ -195,7 +195,8 @@ class SuffixDrafter:
             candidate[0] /= max(1.0, first)
         plan = plan_draft(estimates, costs)  # no clock here: in one process, a seed gives the same drafts
         state.last_draft = [candidate[: plan.num_tokens] for candidate in candidates[: plan.num_candidates]]
-        return Draft([[token for token, _, _ in candidate] for candidate in state.last_draft], None, plan=plan)
+        chances = [candidate[: plan.num_tokens] for candidate in estimates[: plan.num_candidates]]
+        return Draft([[token for token, _, _ in c] for c in state.last_draft], None, plan=plan, chances=chances)
 
     def _candidates(
         self, state: _RowState, sequence: list[int], num_candidates: int, num_draft_tokens: int

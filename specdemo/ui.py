@@ -60,6 +60,7 @@ from specdemo.render import (
     TOKEN_CSS,
     Divergence,
     candidates_html,
+    cut_note,
     first_difference,
     html_spans,
     lanes_html,
@@ -69,7 +70,7 @@ from specdemo.render import (
     token_text,
 )
 from specdemo.sampling import penalised_scores
-from specdemo.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers
+from specdemo.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
 from specdemo.stats import compare_runs, emitted_ids, round_record, run_stats
 
 try:  # On a ZeroGPU Space, GPU work runs inside @spaces.GPU; elsewhere the package is absent and this is a no-op.
@@ -269,7 +270,9 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
     cache = cache or ModelCache(pinned=OFFLINE_DEFAULT)
     bound_allocator_arenas()  # before the queue starts its worker threads
     # The default pair is ready before the first visitor (and ZeroGPU wants models loaded outside GPU functions).
-    load_pair(DEFAULT_PAIR, cache, progress=print)
+    default_target, _ = load_pair(DEFAULT_PAIR, cache, progress=print)
+    if not ON_ZEROGPU:  # where runs share passes, their drafts are cut by this device's pass costs
+        measure_for_sharing(default_target, print)
     shared_schedulers = Schedulers()  # runs of the same models share their passes
     sweep = load_sweep()
 
@@ -292,6 +295,8 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                 raise ValueError(f"Prompt {number}: {error}" if len(prompts) > 1 else str(error)) from None
             encoded.append(prompt_ids)
         schedulers = Schedulers() if ON_ZEROGPU else shared_schedulers  # ZeroGPU: each call in its own worker
+        if not ON_ZEROGPU:
+            measure_for_sharing(target, lambda message: progress(0.0, desc=message))
         deadline = time.monotonic() + RUN_TIME_BUDGET_SECONDS
         return request, Run(request, target, draft, encoded[0], schedulers, deadline), encoded
 
@@ -683,8 +688,9 @@ def stream_run(run: Run) -> Iterator[tuple]:
         number_format=request.dtype_reason,
         divergence=greedy_divergence(run, rounds, baseline) if differ else None,
     )
-    if shared:
-        summary += f"\n\n{shared}"
+    for note in (shared, cut_note(rounds, greedy)):
+        if note:
+            summary += f"\n\n{note}"
     if out_of_time:
         note = (
             f"Stopped after {RUN_TIME_BUDGET_SECONDS:g} s, the time budget of one run: lower max new tokens, "
