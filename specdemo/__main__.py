@@ -25,7 +25,7 @@ from specdemo.config import (
     check_prompt,
     check_prompt_fits,
 )
-from specdemo.costs import MEASURED_SIZES, measure_pass_seconds
+from specdemo.costs import MEASURED_SIZES, batch_costs, measure_pass_seconds
 from specdemo.decoding import Round, autoregressive_generate, batch_generate, speculative_generate
 from specdemo.drafter_kinds import drafter_names
 from specdemo.drafters import NoDrafter
@@ -53,6 +53,7 @@ from specdemo.pairs import (
 from specdemo.planning import PassCosts
 from specdemo.prompts import MAX_PROMPTS_FILE_LINES, PROMPTS, load_prompt_lines, load_prompts
 from specdemo.render import ansi_text, token_spans
+from specdemo.scheduler import MAX_BATCH_ROWS
 from specdemo.stats import round_record, run_stats
 
 PLANNER_SIZES = tuple(size for size in MEASURED_SIZES if size <= 24)  # what the suffix pair measures at load
@@ -274,6 +275,8 @@ def bench_command(args: argparse.Namespace) -> int:
         costs = bench_pass_costs(target.model)
         started = time.perf_counter()  # what a cost-aware drafter measures at load: engine rounds up to n = 24
         planner = PassCosts.from_seconds(measure_pass_seconds(target.model, PLANNER_SIZES))
+        planner_seconds, started = time.perf_counter() - started, time.perf_counter()
+        shared = batch_costs(target.model, MAX_BATCH_ROWS)  # rows of widths 1..17, one row and a full batch
         print(
             json.dumps(
                 {
@@ -281,7 +284,12 @@ def bench_command(args: argparse.Namespace) -> int:
                     "context_tokens": 200,
                     "cost_over_one_token": costs,
                     "planner_rounds": dict(zip(planner.sizes, planner.steps_at, strict=True)),
-                    "planner_seconds_to_measure": time.perf_counter() - started,
+                    "planner_seconds_to_measure": planner_seconds,
+                    "shared_rounds": {  # what the app's shared batches cut drafts by, measured as at load
+                        1: dict(zip(shared.widths, shared.one_row, strict=True)),
+                        shared.full_rows: dict(zip(shared.widths, shared.full, strict=True)),
+                    },
+                    "shared_seconds_to_measure": time.perf_counter() - started,
                 }
             )
         )

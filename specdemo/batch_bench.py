@@ -14,24 +14,33 @@ import torch
 
 from specdemo.bench import TARGET_ONLY
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.costs import batch_costs
 from specdemo.decoding import batch_generate
 from specdemo.drafters import Drafter, NoDrafter
 from specdemo.models import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, Pair, make_drafter
+from specdemo.planning import BatchCosts
 from specdemo.prompts import BenchPrompt
+from specdemo.scheduler import MAX_BATCH_ROWS
 
 HF_BATCHED = "HF generate batched"
+SHARED_CUT = "speculative, cut for shared passes (ours)"  # W = 1, drafts cut by the pass costs, as the app's batches
 WARM_UP_TOKENS = 8  # each method's short run at each B before timing
 
 
 def _ours(
-    target: LoadedModel, drafter: Drafter, prompts: list[list[int]], batch_size: int, speculative: SpeculativeConfig
+    target: LoadedModel,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    batch_size: int,
+    speculative: SpeculativeConfig,
+    costs: BatchCosts | None = None,
 ) -> dict:
     greedy = [SamplingConfig()] * len(prompts)
     rows: dict[int, list] = {}
     started = time.perf_counter()
     for index, round_ in batch_generate(
-        target.model, drafter, prompts, greedy, speculative, target.eos_token_ids, batch_size
+        target.model, drafter, prompts, greedy, speculative, target.eos_token_ids, batch_size, costs
     ):
         rows.setdefault(index, []).append(round_)
     seconds = time.perf_counter() - started
@@ -78,6 +87,7 @@ def run_batch_bench(
     Hugging Face generate takes them in static batches of B; ours refills a finished row's place at the next round
     (continuous batching). Every method runs once per repeat, interleaved, after a short warm-up at that B."""
     encoded = [chat_prompt_ids(target, p.text)[0].tolist() for p in prompts]
+    costs = batch_costs(target.model, MAX_BATCH_ROWS)  # what the app's shared batches cut drafts by
     work = [encoded[i % len(encoded)] for i in range(max(len(encoded), *batch_sizes))]
     results = []
     for batch_size in batch_sizes:
@@ -88,6 +98,9 @@ def run_batch_bench(
                 HF_BATCHED: lambda: _hf_batched(target, work, b, max_new_tokens),
                 TARGET_ONLY: lambda: _ours(target, NoDrafter(), work, b, budget),
             }
+            methods[SHARED_CUT] = lambda: _ours(
+                target, make_drafter(pair, target, draft, budget), work, b, budget, costs
+            )
             for w in candidates:
                 spec_w = replace(budget, num_candidates=w)
                 methods[f"speculative W={w} (ours)"] = lambda s=spec_w: _ours(

@@ -14,34 +14,43 @@ from transformers import PreTrainedModel
 from specdemo.config import MAX_NEW_TOKENS_LIMIT, MAX_NUM_DRAFT_TOKENS, SamplingConfig, SpeculativeConfig
 from specdemo.decoding import BatchDecoder
 from specdemo.drafters import Draft, DraftRequest
-from specdemo.planning import PassCosts
+from specdemo.planning import BatchCosts, PassCosts
 
 MEASURED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 129)  # n; others are interpolated
 CONTEXT_TOKENS = 128  # the cached context the measured passes follow
 
 
 def measure_pass_seconds(
-    model: PreTrainedModel, sizes: tuple[int, ...], context_tokens: int = CONTEXT_TOKENS, repeats: int = 3
-) -> dict[int, float]:
-    """Seconds of one engine round whose target pass reads n tokens (the sequence's last token and n-1 drafted
-    ones, in candidates of at most MAX_NUM_DRAFT_TOKENS) after a context_tokens prompt: the pass, the cache's
-    bookkeeping, the probabilities and the rule, as a greedy row's round spends them. The median of `repeats` after
-    one warm-up, sizes interleaved so that a slow spell of a shared machine spreads over all of them."""
+    model: PreTrainedModel,
+    sizes: tuple[int, ...],
+    context_tokens: int = CONTEXT_TOKENS,
+    repeats: int = 3,
+    rows: tuple[int, ...] = (1,),
+) -> dict[int, float] | dict[int, dict[int, float]]:
+    """Seconds of one engine round whose target pass reads n tokens per row (the sequence's last token and n-1
+    drafted ones, in candidates of at most MAX_NUM_DRAFT_TOKENS) after a context_tokens prompt of each row's own:
+    the pass, the cache's bookkeeping, the probabilities and the rule, as greedy rows' rounds spend them. The median
+    of `repeats` after one warm-up, sizes and row counts interleaved so that a slow spell of a shared machine
+    spreads over all of them. By size for one row count, else by row count and size."""
     generator = torch.Generator().manual_seed(0)
     vocab_size = model.config.vocab_size
     drafter = _RandomDrafter(generator, vocab_size)
-    decoder = BatchDecoder(model, drafter, frozenset())
-    context = torch.randint(vocab_size, (context_tokens,), generator=generator).tolist()
-    decoder.add(0, context, SamplingConfig(), SpeculativeConfig(max_new_tokens=MAX_NEW_TOKENS_LIMIT))
-    timings: dict[int, list[float]] = {size: [] for size in sizes}
+    decoders = {count: BatchDecoder(model, drafter, frozenset()) for count in rows}
+    for count, decoder in decoders.items():
+        for row in range(count):
+            context = torch.randint(vocab_size, (context_tokens,), generator=generator).tolist()
+            decoder.add(row, context, SamplingConfig(), SpeculativeConfig(max_new_tokens=MAX_NEW_TOKENS_LIMIT))
+    timings: dict[int, dict[int, list[float]]] = {count: {size: [] for size in sizes} for count in rows}
     for repeat in range(repeats + 1):
         for size in sizes:
             drafter.num_tokens = size - 1
-            started = time.perf_counter()
-            decoder.step()
-            if repeat:
-                timings[size].append(time.perf_counter() - started)
-    return {size: statistics.median(times) for size, times in timings.items()}
+            for count, decoder in decoders.items():
+                started = time.perf_counter()
+                decoder.step()
+                if repeat:
+                    timings[count][size].append(time.perf_counter() - started)
+    medians = {count: {size: statistics.median(t) for size, t in by_size.items()} for count, by_size in timings.items()}
+    return medians[rows[0]] if len(rows) == 1 else medians
 
 
 class _RandomDrafter:
@@ -60,6 +69,9 @@ class _RandomDrafter:
 
 
 _MEASURED: weakref.WeakKeyDictionary[PreTrainedModel, PassCosts] = weakref.WeakKeyDictionary()
+_SHARED: weakref.WeakKeyDictionary[PreTrainedModel, BatchCosts] = weakref.WeakKeyDictionary()
+SHARED_WIDTHS = (1, 2, 3, 4, 6, 8, 12, MAX_NUM_DRAFT_TOKENS + 1)  # tokens per row of a shared pass; others interpolated
+SHARED_CONTEXT_TOKENS = 256  # each row's context: a chat prompt and its first hundred-odd tokens of output
 
 
 def measured(model: PreTrainedModel) -> PassCosts | None:
@@ -75,4 +87,18 @@ def pass_costs(model: PreTrainedModel, max_tokens: int) -> PassCosts:
     if known is None or known.sizes[-1] < largest:
         sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
         known = _MEASURED[model] = PassCosts.from_seconds(measure_pass_seconds(model, sizes))
+    return known
+
+
+def shared_costs(model: PreTrainedModel) -> BatchCosts | None:
+    return _SHARED.get(model)
+
+
+def batch_costs(model: PreTrainedModel, full_rows: int) -> BatchCosts:
+    """This model's shared-round costs with one row and with full_rows rows, each on a context of its own (measured
+    on first use, about ten seconds for the offline default on 2 CPU cores; kept per model object)."""
+    known = _SHARED.get(model)
+    if known is None or known.full_rows != full_rows:
+        seconds = measure_pass_seconds(model, SHARED_WIDTHS, SHARED_CONTEXT_TOKENS, rows=(1, full_rows))
+        known = _SHARED[model] = BatchCosts.from_seconds(seconds[1], seconds[full_rows], full_rows)
     return known

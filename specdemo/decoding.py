@@ -16,7 +16,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 from specdemo.candidates import CandidateVerdict, Verify, verify_batch
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.drafters import Draft, Drafter, DraftRequest, NoDrafter
-from specdemo.planning import Cut, PassCosts, Plan, plan_shared_pass
+from specdemo.planning import BatchCosts, Cut, Plan, plan_shared_pass
 from specdemo.sampling import build_warpers, greedy_token_ids, logits_to_probs
 from specdemo.tree_cache import RowRequest, TreeCachedModel
 
@@ -227,7 +227,7 @@ class BatchDecoder:
         drafter: Drafter,
         eos_token_ids: frozenset[int],
         verify: Verify = verify_batch,  # the multi-candidate rule; the audit plants bugs here
-        costs: PassCosts | None = None,  # this device's pass costs: drafts are cut when a shared pass pays for it
+        costs: BatchCosts | None = None,  # this device's round costs: drafts are cut when a shared pass pays for it
     ) -> None:
         self.verifier = TreeCachedModel(target)
         self.costs = costs
@@ -379,10 +379,11 @@ def batch_generate(
     speculative: SpeculativeConfig,
     eos_token_ids: frozenset[int],
     batch_size: int,
+    costs: BatchCosts | None = None,  # this device's round costs: drafts are cut when a shared pass pays for it
 ) -> Iterator[tuple[int, Round]]:
     """Decode every prompt, at most batch_size at a time; a finished row's place goes to the next prompt at the next
     round. Yields (prompt index, Round) in the order the rounds happen."""
-    decoder = BatchDecoder(target, drafter, eos_token_ids)
+    decoder = BatchDecoder(target, drafter, eos_token_ids, costs=costs)
     waiting = list(range(len(prompts)))
     while waiting or decoder.rows:
         while waiting and len(decoder.rows) < batch_size:

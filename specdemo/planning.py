@@ -37,12 +37,42 @@ class PassCosts:
 
     def steps(self, num_tokens: int) -> float:
         """t(n) / t(1); beyond the largest measured size, extrapolated from the last two."""
-        at = bisect.bisect_left(self.sizes, num_tokens)
-        if at < len(self.sizes) and self.sizes[at] == num_tokens:
-            return self.steps_at[at]
-        low = min(max(at - 1, 0), len(self.sizes) - 2)
-        (n0, n1), (s0, s1) = self.sizes[low : low + 2], self.steps_at[low : low + 2]
-        return s0 + (s1 - s0) * (num_tokens - n0) / (n1 - n0)
+        return _interpolate(self.sizes, self.steps_at, num_tokens)
+
+
+def _interpolate(sizes: tuple[int, ...], values: tuple[float, ...], size: int) -> float:
+    """values at size: linear between measured sizes, extrapolated from the nearest two outside them."""
+    at = bisect.bisect_left(sizes, size)
+    if at < len(sizes) and sizes[at] == size:
+        return values[at]
+    low = min(max(at - 1, 0), len(sizes) - 2)
+    (n0, n1), (v0, v1) = sizes[low : low + 2], values[low : low + 2]
+    return v0 + (v1 - v0) * (size - n0) / (n1 - n0)
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """A shared round's cost in steps of a one-row, one-token round, by rows and width (the tokens each row reads:
+    every row is padded to the widest), measured with one row and with `full_rows` rows at each width; linear in the
+    rows in between, and in the width beyond the measured ones. Rows are measured apart because each row attends to
+    its own context, which a one-row pass over as many tokens does not."""
+
+    widths: tuple[int, ...]
+    one_row: tuple[float, ...]  # non-decreasing in the width
+    full: tuple[float, ...]
+    full_rows: int
+
+    @classmethod
+    def from_seconds(cls, one_row: dict[int, float], full: dict[int, float], full_rows: int) -> BatchCosts:
+        widths = tuple(sorted(one_row))
+        assert widths == tuple(sorted(full)) and widths[0] == 1 and full_rows > 1
+        alone, shared = monotone([one_row[w] for w in widths]), monotone([full[w] for w in widths])
+        return cls(widths, tuple(t / alone[0] for t in alone), tuple(t / alone[0] for t in shared), full_rows)
+
+    def steps(self, rows: int, width: int) -> float:
+        alone = _interpolate(self.widths, self.one_row, width)
+        shared = _interpolate(self.widths, self.full, width)
+        return alone + (shared - alone) * (rows - 1) / (self.full_rows - 1)
 
 
 @dataclass(frozen=True)
@@ -111,27 +141,26 @@ class Cut:
     uncut_tokens_per_step: float  # the same without cutting
 
     def describe(self) -> str:
-        kept = f"cut from {self.available_tokens} to {self.num_tokens} drafted tokens"
         return (
-            f"{kept}: the pass was shared by {self.num_rows} rows, padded to the widest, and the batch expected "
-            f"{self.tokens_per_step:.2f} tokens per step so, against {self.uncut_tokens_per_step:.2f} uncut"
+            f"cut from {self.available_tokens} to {self.num_tokens} drafted tokens for a pass shared by "
+            f"{self.num_rows} rows, each padded to the widest: the batch expected {self.tokens_per_step:.2f} tokens "
+            f"per step so, {self.uncut_tokens_per_step:.2f} uncut"
         )
 
 
 def plan_shared_pass(
     rows: list[list[list[float]]],  # per row, [W][<=K] the chance of each candidate token given its prefix
-    costs: PassCosts,
+    costs: BatchCosts,
 ) -> tuple[int, float, float]:
     """The depth every row's candidates are cut to that maximises the batch's expected tokens per step, with that
-    rate and the uncut one. A pass reads every row padded to the widest: B x (1 + the most candidate tokens of one
-    row) positions, which cost what one row's pass over as many positions costs (measured within 10-30% on this
-    CPU). On a tie the deeper cut wins: no needless cut."""
+    rate and the uncut one. A pass reads every row padded to the widest: 1 + the most candidate tokens of one row.
+    On a tie the deeper cut wins: no needless cut."""
     reaches = [reach_chances(row) for row in rows]
     deepest = max((len(candidate) for row in rows for candidate in row), default=0)
     rates = []
     for depth in range(deepest + 1):
         slots = max(sum(min(len(candidate), depth) for candidate in row) for row in rows)
         tokens = sum(1.0 + sum(sum(candidate[:depth]) for candidate in reach) for reach in reaches)
-        rates.append(tokens / costs.steps(len(rows) * (1 + slots)))
+        rates.append(tokens / costs.steps(len(rows), 1 + slots))
     best = max(range(deepest + 1), key=lambda depth: (rates[depth], depth))
     return best, rates[best], rates[deepest]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.config import MAX_NUM_DRAFT_TOKENS, SamplingConfig, SpeculativeConfig
-from specdemo.costs import MEASURED_SIZES, measured, pass_costs
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.costs import batch_costs, shared_costs
 from specdemo.decoding import BatchDecoder, Round
 from specdemo.drafter_kinds import NGRAM, build_drafter, is_model_free
 from specdemo.drafters import Drafter
@@ -22,7 +22,6 @@ from specdemo.models import LoadedModel, Progress, release_freed_memory
 
 MAX_BATCH_ROWS = 8  # rows decoded together; a run that finds the batch full waits for a place
 IDLE_RELEASE_SECONDS = 1.0  # after the models go idle, freed memory goes back to the system again after this
-SHARED_PASS_TOKENS = MAX_BATCH_ROWS * (MAX_NUM_DRAFT_TOKENS + 1)  # a full batch's pass at the longest drafts
 _END = object()  # a row's last item: it finished, was cancelled, or failed (the exception came just before)
 
 
@@ -112,7 +111,7 @@ class Scheduler:
         on_idle: Callable[[Scheduler], None] = lambda scheduler: None,
     ) -> None:
         # with the target's measured pass costs, drafts are cut when a shared pass pays for it
-        self.decoder = BatchDecoder(target, drafter, eos_token_ids, costs=measured(target))  # type: ignore[arg-type]
+        self.decoder = BatchDecoder(target, drafter, eos_token_ids, costs=shared_costs(target))  # type: ignore[arg-type]
         self.models_lock, self.max_rows, self.on_idle = models_lock, max_rows, on_idle
         self.condition = threading.Condition()
         self.waiting: list[tuple[Hashable, DecodeRequest]] = []
@@ -196,12 +195,11 @@ class Scheduler:
 
 
 def measure_for_sharing(target: LoadedModel, progress: Progress) -> None:
-    """At load, not in a run's time: the pass costs by which a shared batch cuts its drafts, for passes of up to
-    SHARED_PASS_TOKENS positions (about ten seconds for the offline default on 2 CPU cores, once per model)."""
-    known = measured(target.model)
-    if known is None or known.sizes[-1] < min(SHARED_PASS_TOKENS, MEASURED_SIZES[-1]):
-        progress(f"Measuring {target.name}'s pass costs on this device, for shared batches (once, seconds)...")
-    pass_costs(target.model, SHARED_PASS_TOKENS)
+    """At load, not in a run's time: the round costs by which a shared batch cuts its drafts, with one row and with
+    MAX_BATCH_ROWS rows (seconds, once per model)."""
+    if shared_costs(target.model) is None:
+        progress(f"Measuring {target.name}'s round costs on this device, for shared batches (once, seconds)...")
+    batch_costs(target.model, MAX_BATCH_ROWS)
 
 
 class Schedulers:

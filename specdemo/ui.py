@@ -17,6 +17,7 @@ import gradio as gr
 import torch
 
 from specdemo.audit_tab import build_audit_tab
+from specdemo.batch_bench import SHARED_CUT
 from specdemo.config import (
     MAX_NUM_CANDIDATES,
     MAX_NUM_DRAFT_TOKENS,
@@ -262,6 +263,11 @@ def sweep_caption(sweep: dict | None) -> str:
         f"Measured with `bench --batch-sizes` on {sweep.get('model', 'this machine')}: {sweep['pair']}, greedy, "
         f"{sweep['max_new_tokens']} new tokens, the same {sweep['rows'][0]['num_prompts']} prompts at every B. Where "
         "the speculative line falls under target-only, drafting costs more than it wins at that batch size."
+        + (
+            " Batches here cut their drafts as the line 'speculative, cut for shared passes' did."
+            if SHARED_CUT in sweep["methods"]
+            else ""
+        )
     )
 
 
@@ -608,10 +614,17 @@ def batch_summary(lanes: list[list[Round]], total_tokens: int, seconds: float, n
         per_pass = stats.mean_tokens_per_round
         lines.append(f"| {number} | {stats.num_generated} | {len(lane)} | {stats.alpha:.2f} | {per_pass:.2f} |")
     widest = max((r.num_rows for lane in lanes for r in lane), default=1)
+    cut = sum(r.cut is not None for lane in lanes for r in lane)
     lines += [
         "",
         f"**The batch: {total_tokens} tokens in {seconds:.2f} s, {total_tokens / seconds:.1f} tokens/s in all**; the "
-        f"widest pass held {widest} rows (this batch's and other runs' rows share the model's passes).",
+        f"widest pass held {widest} rows (this batch's and other runs' rows share the model's passes)"
+        + (
+            f"; {cut} lane rounds drafted less than they could, because every row of a pass is padded to the widest "
+            "(hover a token for its round's cut)."
+            if cut
+            else "."
+        ),
         "",
         f"Number format: {number_format}.",
     ]

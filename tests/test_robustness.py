@@ -34,7 +34,7 @@ VARIANTS = (  # mixed greedy and sampled settings
     {"temperature": 0.0, "repetition_penalty": 1.2},
 )
 NUM_CLIENTS, RUNS_PER_CLIENT, NEW_TOKENS = 8, 3, 48
-SHARED_WALL_BOUND = 1.0  # the load at once, against the same load one run at a time
+SHARED_WALL_BOUND = 0.8  # the load at once, against the same load one run at a time
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,7 @@ def client_runs(app: str, steps: list[tuple]) -> list[dict]:
                 "total": time.perf_counter() - started,
                 "ids": trace["generated_token_ids"],
                 "widest_pass": max(r["num_rows"] for r in trace["rounds"]),
+                "rounds_cut": sum(r["cut"] is not None for r in trace["rounds"]),
             }
         )
     return results
@@ -117,6 +118,8 @@ def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, o
 
     assert len(results) == NUM_CLIENTS * RUNS_PER_CLIENT and all(r["ids"] for r in results)
     assert max(r["widest_pass"] for r in results) >= 4, "the runs never shared a pass"
+    assert sum(r["rounds_cut"] for r in results) > 0, "no shared pass cut a draft"
+    assert sum(r["rounds_cut"] for r in one_at_a_time) == 0, "a run alone had its draft cut"
     identical, near_ties = 0, 0
     for result in results:
         if result["variant"].get("temperature", 0.0) == 0.0:
@@ -138,6 +141,7 @@ def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, o
         "total_p50": statistics.median(total),
         "total_p95": percentile(total, 0.95),
         "widest_pass": max(r["widest_pass"] for r in results),
+        "rounds_cut": sum(r["rounds_cut"] for r in results),
         "greedy_identical": identical,
         "greedy_near_ties": near_ties,
         "rss_after_first_run_mb": rss_after_first / 2**20,
@@ -147,8 +151,8 @@ def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, o
     (ARTIFACTS / "load.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures))
     assert figures["time_to_first_token_p50"] <= 3.0 and figures["time_to_first_token_p95"] <= 8.0, figures
-    # The issue asks for 0.5; on this 2-core float32 CPU a shared pass is padded to its widest row, and the measured
-    # ratio is 0.73-0.89 (README, "Many users, bad input, failures"). The bound holds what is true: sharing never loses.
+    # The issue asks for 0.5; on this 2-core float32 CPU the measured ratio is 0.52-0.59 with drafts cut for shared
+    # passes, 0.66-0.89 before (README, "Many users, bad input, failures"): the bound leaves room for a slower machine.
     assert wall <= SHARED_WALL_BOUND * sequential_wall, figures
     growth = rss_after_load - rss_after_first
     assert growth <= 0.10 * rss_after_first, f"resident memory grew {growth / 2**20:.0f} MB"

@@ -8,27 +8,37 @@ import torch
 
 from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.costs import SHARED_WIDTHS, batch_costs, shared_costs
 from specdemo.decoding import BatchDecoder
 from specdemo.drafters import ModelDrafter, NgramDrafter
-from specdemo.planning import PassCosts, plan_shared_pass
+from specdemo.planning import BatchCosts, plan_shared_pass
 from specdemo.render import cut_note
 from tests.conftest import TINY_VOCAB
 from tests.test_batch import PROMPTS
 from tests.test_decoding import NO_EOS, PROMPT, exact_marginals
 
-LINEAR = PassCosts.from_seconds({1: 1.0, 8: 1.5, 16: 2.0, 32: 3.0, 64: 5.0, 136: 9.5})  # like SmolLM2 on 2 cores
+# like SmolLM2 on 2 cores: a round of eight rows, each on its own context, costs more than one row over 8x the tokens
+COSTS = BatchCosts.from_seconds(
+    {1: 1.0, 2: 1.3, 4: 1.4, 6: 1.5, 17: 2.0}, {1: 1.6, 2: 2.2, 4: 3.0, 6: 3.8, 17: 8.0}, full_rows=8
+)
+
+
+def test_a_rounds_cost_runs_between_one_row_and_a_full_batch():
+    assert COSTS.steps(1, 1) == 1.0 and COSTS.steps(8, 6) == 3.8 and COSTS.steps(1, 3) == 1.35
+    assert abs(COSTS.steps(4, 2) - (1.3 + (2.2 - 1.3) * 3 / 7)) < 1e-12
+    assert COSTS.steps(8, 12) > COSTS.steps(8, 6)  # between measured widths, and monotone
 
 
 def test_one_long_draft_is_cut_when_seven_rows_would_be_padded_to_it():
     """A confident five-token draft pays alone, is cut among seven rows that draft nothing (their pass would be
     padded to six positions each), and is kept when all eight rows are as confident."""
     sure, plain = [[0.95] * 5], []
-    depth, rate, uncut_rate = plan_shared_pass([sure], LINEAR)
+    depth, rate, uncut_rate = plan_shared_pass([sure], COSTS)
     assert depth == 5 and rate == uncut_rate
-    depth, rate, uncut_rate = plan_shared_pass([sure] + [plain] * 7, LINEAR)
-    assert depth == 0 and rate == 8 / LINEAR.steps(8) and rate > uncut_rate
-    assert plan_shared_pass([sure] * 8, LINEAR)[0] == 5
-    assert plan_shared_pass([[[0.3] * 5]] * 8, LINEAR)[0] == 0  # unlikely drafts do not pay for a wide pass
+    depth, rate, uncut_rate = plan_shared_pass([sure] + [plain] * 7, COSTS)
+    assert depth == 0 and rate == 8 / COSTS.steps(8, 1) and rate > uncut_rate
+    assert plan_shared_pass([sure] * 8, COSTS)[0] == 5
+    assert plan_shared_pass([[[0.3] * 5]] * 8, COSTS)[0] == 0  # unlikely drafts do not pay for a wide pass
 
 
 def test_the_cut_keeps_the_depth_with_the_most_expected_tokens_per_step():
@@ -39,8 +49,8 @@ def test_the_cut_keeps_the_depth_with_the_most_expected_tokens_per_step():
     for depth in range(5):
         tokens = 3 + sum(reach[0][:depth]) + sum(reach[1][:depth]) + sum(reach[2][:depth])
         slots = max(min(depth, 4), min(depth, 2) + min(depth, 1))
-        rates.append(tokens / LINEAR.steps(3 * (1 + slots)))
-    depth, rate, uncut_rate = plan_shared_pass(rows, LINEAR)
+        rates.append(tokens / COSTS.steps(3, 1 + slots))
+    depth, rate, uncut_rate = plan_shared_pass(rows, COSTS)
     assert rates[depth] == max(rates) and abs(rate - max(rates)) < 1e-12 and abs(uncut_rate - rates[4]) < 1e-12
 
 
@@ -49,7 +59,7 @@ def test_greedy_rows_with_cut_drafts_emit_what_they_emit_alone(tiny_target):
     spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=12)
     greedy = SamplingConfig()
 
-    def decode(prompts: list[list[int]], costs: PassCosts | None) -> tuple[dict[int, list[int]], int]:
+    def decode(prompts: list[list[int]], costs: BatchCosts | None) -> tuple[dict[int, list[int]], int]:
         decoder = BatchDecoder(tiny_target, NgramDrafter(3, 1), NO_EOS, costs=costs)
         for key, prompt in enumerate(prompts):
             decoder.add(key, prompt, greedy, spec)
@@ -61,7 +71,7 @@ def test_greedy_rows_with_cut_drafts_emit_what_they_emit_alone(tiny_target):
                 cuts += round_.cut is not None
         return tokens, cuts
 
-    batched, cuts = decode(PROMPTS, LINEAR)
+    batched, cuts = decode(PROMPTS, COSTS)
     assert cuts >= 4, "the costs never cut a draft"
     for key, prompt in enumerate(PROMPTS):
         assert batched[key] == decode([prompt], None)[0][0], f"row {key}"
@@ -74,7 +84,7 @@ def test_sampled_rows_whose_drafts_are_cut_by_their_past_follow_the_target(tiny_
     num_runs, num_tokens = 1500, 3
     sampling = SamplingConfig(temperature=1.0)
     exact = exact_marginals(tiny_target, PROMPT, sampling, num_tokens)  # [3, V]
-    costs = PassCosts.from_seconds({1: 1.0, 2: 1.0, 4: 1.1, 6: 1.18})
+    costs = BatchCosts.from_seconds({1: 1.0, 2: 1.0, 3: 1.0}, {1: 1.0, 2: 1.1, 3: 1.18}, full_rows=2)
     spec = SpeculativeConfig(num_draft_tokens=2, max_new_tokens=num_tokens + 2, draft_temperature=0.7)
     counts = torch.zeros(num_tokens, TINY_VOCAB, dtype=torch.float64)
     kept = cut = 0
@@ -98,7 +108,7 @@ def test_sampled_rows_whose_drafts_are_cut_by_their_past_follow_the_target(tiny_
 
 
 def test_the_summary_says_what_cutting_did_to_a_run(tiny_target):
-    decoder = BatchDecoder(tiny_target, NgramDrafter(3, 1), NO_EOS, costs=LINEAR)
+    decoder = BatchDecoder(tiny_target, NgramDrafter(3, 1), NO_EOS, costs=COSTS)
     for key, prompt in enumerate(PROMPTS):
         decoder.add(key, prompt, SamplingConfig(temperature=0.8), SpeculativeConfig(max_new_tokens=8))
     rounds = []
@@ -107,3 +117,11 @@ def test_the_summary_says_what_cutting_did_to_a_run(tiny_target):
     note = cut_note(rounds, greedy=False)
     assert note is not None and "shared its pass with up to 4 rows" in note and "another draw" in note
     assert cut_note([r for r in rounds if r.cut is None], greedy=False) is None
+
+
+def test_shared_round_costs_are_measured_once_per_model_with_one_row_and_a_full_batch(tiny_target):
+    costs = batch_costs(tiny_target, 4)
+    assert costs.full_rows == 4 and costs.widths == SHARED_WIDTHS and costs.one_row[0] == 1.0
+    for table in (costs.one_row, costs.full):
+        assert list(table) == sorted(table), table
+    assert batch_costs(tiny_target, 4) is costs and shared_costs(tiny_target) is costs
