@@ -211,7 +211,12 @@ def batch_sweep_figure(sweep: dict, this_batch: tuple[int, float] | None = None)
     return _figure(
         traces,
         "Measured: aggregate tokens/s by batch size",
-        {"xaxis": {"type": "log", "tickvals": sizes}},
+        {  # seven lines and more: the legend goes under the chart, not over it
+            "xaxis": {"type": "log", "tickvals": sizes},
+            "height": 420,
+            "margin": {"b": 150},
+            "legend": {"yanchor": "top", "y": -0.25, "xanchor": "left", "x": 0},
+        },
         xaxis="batch size B",
         yaxis="tokens/s",
     )

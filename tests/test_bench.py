@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specdemo.__main__ import main
-from specdemo.batch_bench import HF_BATCHED, run_batch_bench
+from specdemo.batch_bench import HF_BATCHED, SHARED_CUT, run_batch_bench
 from specdemo.bench import ACCOUNTING_TOLERANCE, SPECULATIVE, TARGET_ONLY, bench_pass_costs, bench_row, run_bench
 from specdemo.config import SpeculativeConfig
 from specdemo.prompts import BenchPrompt, load_prompts
@@ -114,7 +114,13 @@ def test_batch_bench_gives_every_batch_size_the_same_work(offline_model, tmp_pat
     )
     speculative = SpeculativeConfig(max_new_tokens=12)
     results = run_batch_bench(offline_model, None, speculative, prompts, [1, 3], [1, 2], repeats=1, log=lambda _: None)
-    assert results["methods"] == [HF_BATCHED, TARGET_ONLY, "speculative W=1 (ours)", "speculative W=2 (ours)"]
+    assert results["methods"] == [
+        HF_BATCHED,
+        TARGET_ONLY,
+        SHARED_CUT,
+        "speculative W=1 (ours)",
+        "speculative W=2 (ours)",
+    ]
     tokens = {(row["batch_size"], name): row[name]["tokens"] for row in results["rows"] for name in results["methods"]}
     assert [row["num_prompts"] for row in results["rows"]] == [3, 3]
     assert len(set(tokens.values())) == 1, tokens  # the same work at B = 1 and B = 3, by every method
