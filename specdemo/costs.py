@@ -21,17 +21,20 @@ CONTEXT_TOKENS = 128  # the cached context the measured passes follow
 
 
 def measure_pass_seconds(
-    model: PreTrainedModel,
-    sizes: tuple[int, ...],
-    context_tokens: int = CONTEXT_TOKENS,
-    repeats: int = 3,
-    rows: tuple[int, ...] = (1,),
-) -> dict[int, float] | dict[int, dict[int, float]]:
+    model: PreTrainedModel, sizes: tuple[int, ...], context_tokens: int = CONTEXT_TOKENS, repeats: int = 3
+) -> dict[int, float]:
+    """One row's round seconds by size (measure_round_seconds)."""
+    return measure_round_seconds(model, sizes, context_tokens, repeats, rows=(1,))[1]
+
+
+def measure_round_seconds(
+    model: PreTrainedModel, sizes: tuple[int, ...], context_tokens: int, repeats: int, rows: tuple[int, ...]
+) -> dict[int, dict[int, float]]:
     """Seconds of one engine round whose target pass reads n tokens per row (the sequence's last token and n-1
     drafted ones, in candidates of at most MAX_NUM_DRAFT_TOKENS) after a context_tokens prompt of each row's own:
     the pass, the cache's bookkeeping, the probabilities and the rule, as greedy rows' rounds spend them. The median
     of `repeats` after one warm-up, sizes and row counts interleaved so that a slow spell of a shared machine
-    spreads over all of them. By size for one row count, else by row count and size."""
+    spreads over all of them. By row count, then size."""
     generator = torch.Generator().manual_seed(0)
     vocab_size = model.config.vocab_size
     drafter = _RandomDrafter(generator, vocab_size)
@@ -49,8 +52,7 @@ def measure_pass_seconds(
                 decoder.step()
                 if repeat:
                     timings[count][size].append(time.perf_counter() - started)
-    medians = {count: {size: statistics.median(t) for size, t in by_size.items()} for count, by_size in timings.items()}
-    return medians[rows[0]] if len(rows) == 1 else medians
+    return {count: {size: statistics.median(t) for size, t in by_size.items()} for count, by_size in timings.items()}
 
 
 class _RandomDrafter:
@@ -99,6 +101,6 @@ def batch_costs(model: PreTrainedModel, full_rows: int) -> BatchCosts:
     on first use, about ten seconds for the offline default on 2 CPU cores; kept per model object)."""
     known = _SHARED.get(model)
     if known is None or known.full_rows != full_rows:
-        seconds = measure_pass_seconds(model, SHARED_WIDTHS, SHARED_CONTEXT_TOKENS, rows=(1, full_rows))
+        seconds = measure_round_seconds(model, SHARED_WIDTHS, SHARED_CONTEXT_TOKENS, 3, rows=(1, full_rows))
         known = _SHARED[model] = BatchCosts.from_seconds(seconds[1], seconds[full_rows], full_rows)
     return known

@@ -21,7 +21,7 @@ from specdemo.drafters import Drafter
 from specdemo.models import LoadedModel, Progress, release_freed_memory
 
 MAX_BATCH_ROWS = 8  # rows decoded together; a run that finds the batch full waits for a place
-IDLE_RELEASE_SECONDS = 1.0  # after the models go idle, freed memory goes back to the system again after this
+IDLE_RELEASE_SECONDS = 1.0  # after the models go idle, freed memory goes back to the system after this
 _END = object()  # a row's last item: it finished, was cancelled, or failed (the exception came just before)
 
 
@@ -110,7 +110,7 @@ class Scheduler:
         max_rows: int = MAX_BATCH_ROWS,
         on_idle: Callable[[Scheduler], None] = lambda scheduler: None,
     ) -> None:
-        # with the target's measured pass costs, drafts are cut when a shared pass pays for it
+        # with the target's measured round costs, drafts are cut when a shared pass pays for it
         self.decoder = BatchDecoder(target, drafter, eos_token_ids, costs=shared_costs(target))  # type: ignore[arg-type]
         self.models_lock, self.max_rows, self.on_idle = models_lock, max_rows, on_idle
         self.condition = threading.Condition()
@@ -233,13 +233,13 @@ class Schedulers:
         with self.lock:
             if self.active.get(key) is scheduler:
                 del self.active[key]
-            if not self.active:  # nothing decodes: what the runs freed goes back to the system, now and once the
-                release_freed_memory()  # pages have rendered the last rounds (if nothing decodes by then)
+            if not self.active:  # nothing decodes: what the runs freed goes back to the system, a second later
                 later = threading.Timer(IDLE_RELEASE_SECONDS, self._release_if_idle)
                 later.daemon = True
                 later.start()
 
     def _release_if_idle(self) -> None:
+        """The pages render their last rounds after the models go idle: release after that, if nothing decodes."""
         with self.lock:
             if not self.active:
                 release_freed_memory()

@@ -17,7 +17,6 @@ import gradio as gr
 import torch
 
 from specdemo.audit_tab import build_audit_tab
-from specdemo.batch_bench import SHARED_CUT
 from specdemo.config import (
     MAX_NUM_CANDIDATES,
     MAX_NUM_DRAFT_TOKENS,
@@ -262,12 +261,8 @@ def sweep_caption(sweep: dict | None) -> str:
     return (
         f"Measured with `bench --batch-sizes` on {sweep.get('model', 'this machine')}: {sweep['pair']}, greedy, "
         f"{sweep['max_new_tokens']} new tokens, the same {sweep['rows'][0]['num_prompts']} prompts at every B. Where "
-        "the speculative line falls under target-only, drafting costs more than it wins at that batch size."
-        + (
-            " Batches here cut their drafts as the line 'speculative, cut for shared passes' did."
-            if SHARED_CUT in sweep["methods"]
-            else ""
-        )
+        "the speculative line falls under target-only, drafting costs more than it wins at that batch size. Batches "
+        "here cut their drafts for shared passes, as the sweep's line of that name did."
     )
 
 
