@@ -21,6 +21,7 @@ from specdemo.model_cache import ModelCache
 from specdemo.models import chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, find_pair, load_pair, make_drafter
 from specdemo.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
+from specdemo.resources import openmp_workers_released
 
 MODES = ("toy", "model")
 TOY_SAMPLES = (1_000, 1_000_000)  # N, the range offered
@@ -217,12 +218,15 @@ def build_audit_tab(cache: ModelCache, models_lock: threading.Lock) -> None:
         except ValueError as error:
             raise user_error(str(error)) from error
         if request.mode == "toy":
-            yield run_toy(request)
+            with openmp_workers_released():  # a Gradio worker thread: it lives on, idle
+                result = run_toy(request)
+            yield result
             return
         assert request.pair is not None and request.sampling is not None
         chosen, sampling, tokens, count = request.pair, request.sampling, request.num_tokens, request.num_samples
         try:
-            target, draft = load_pair(chosen, cache, lambda message: progress(0.0, desc=message))
+            with openmp_workers_released():
+                target, draft = load_pair(chosen, cache, lambda message: progress(0.0, desc=message))
         except ValueError as error:  # no network for a Hub pair, not enough memory: the sentence says which
             raise user_error(str(error)) from error
         speculative = SpeculativeConfig(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import os
 import re
 import socket
@@ -210,33 +208,6 @@ def free_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     return psutil.virtual_memory().available
-
-
-SERVING_MALLOC_ARENAS = 2  # glibc's default is 8 per core: Gradio's worker threads then each keep an arena, and
-# memory freed after a run stays resident there (the load test in tests/test_robustness.py measures the growth)
-M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
-
-
-def bound_allocator_arenas(arenas: int = SERVING_MALLOC_ARENAS) -> None:
-    """Cap glibc's per-thread malloc arenas for a serving process, so memory freed after a run is reused by the next
-    run's thread instead of staying resident in an idle thread's arena. Nothing happens where glibc is absent."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(M_ARENA_MAX, arenas)
-
-
-def release_freed_memory() -> None:
-    """Give memory that was freed back to the system (glibc keeps it otherwise: after the load test's 24 runs, 420
-    MB stayed resident, and malloc_trim returned all of it). The app calls it when its models go idle. Objects in
-    reference cycles (a finished run's frames and tensors) are collected first, so that their memory is free too."""
-    gc.collect()
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.malloc_trim(0)
 
 
 def check_fits(name: str, config: PretrainedConfig, device: torch.device, dtype: torch.dtype) -> None:

@@ -37,7 +37,6 @@ from specdemo.models import (
     LOCAL_PATHS_VARIABLE,
     OFFLINE_DEFAULT,
     LoadedModel,
-    bound_allocator_arenas,
     chat_prompt_ids,
     dtype_reason,
     pick_device,
@@ -69,6 +68,7 @@ from specdemo.render import (
     summary_markdown,
     token_text,
 )
+from specdemo.resources import bound_allocator_arenas, openmp_workers_released
 from specdemo.sampling import penalised_scores
 from specdemo.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
 from specdemo.stats import compare_runs, emitted_ids, round_record, run_stats
@@ -92,6 +92,10 @@ CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~3 ms to build four): 
 TOKENS_INTERVAL_SECONDS = 0.1  # tokens stream in batches of rounds, so the page's work never slows the engine
 RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one at a time on ZeroGPU)
 QUEUE_SIZE = 16  # waiting runs beyond this are told the queue is full
+# Gradio's queue looks for new events every 1 ms while it has none to start, and for progress every 10 ms; each look
+# takes the GIL from the engine's thread. The idle server's thread used 0.8 s of CPU in 8 s, 0.09 s at these periods.
+# An event now waits up to 20 ms to start.
+QUEUE_POLL_SECONDS = {"sleep_when_free": 0.02, "progress_update_sleep_when_free": 0.1}
 RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so
 SWEEP_FILE = "assets/batch-sweep.json"  # bench --batch-sizes, measured, drawn on the Batch tab
 LIMITS = (
@@ -271,22 +275,24 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
     cache = cache or ModelCache(pinned=OFFLINE_DEFAULT)
     bound_allocator_arenas()  # before the queue starts its worker threads
     # The default pair is ready before the first visitor (and ZeroGPU wants models loaded outside GPU functions).
-    default_target, _ = load_pair(DEFAULT_PAIR, cache, progress=print)
-    if not ON_ZEROGPU:  # where runs share passes, their drafts are cut by this device's pass costs
-        measure_for_sharing(default_target, print)
+    with openmp_workers_released():  # this thread then waits for the server; the runs' threads decode
+        default_target, _ = load_pair(DEFAULT_PAIR, cache, progress=print)
+        if not ON_ZEROGPU:  # where runs share passes, their drafts are cut by this device's pass costs
+            measure_for_sharing(default_target, print)
     shared_schedulers = Schedulers()  # runs of the same models share their passes
     sweep = load_sweep()
 
     def prepare(prompts: list[str], values: tuple, progress: gr.Progress) -> tuple[RunRequest, Run, list[torch.Tensor]]:
         """The checked request, its models and encoded prompts; a ValueError names the problem."""
         request = parse_request(prompts[0], *values)
-        target, draft = load_pair(
-            request.pair,
-            cache,
-            lambda message: progress(0.0, desc=message),
-            allow_local=request.allow_local,
-            dtype=request.dtype,  # the comparisons run on these same models, so in the same format
-        )
+        with openmp_workers_released():  # a Gradio worker thread: it lives on, idle
+            target, draft = load_pair(
+                request.pair,
+                cache,
+                lambda message: progress(0.0, desc=message),
+                allow_local=request.allow_local,
+                dtype=request.dtype,  # the comparisons run on these same models, so in the same format
+            )
         encoded = []
         for number, text in enumerate(prompts, start=1):
             prompt_ids = chat_prompt_ids(target, text, chat=request.chat)  # [1, T]
@@ -297,7 +303,8 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
             encoded.append(prompt_ids)
         schedulers = Schedulers() if ON_ZEROGPU else shared_schedulers  # ZeroGPU: each call in its own worker
         if not ON_ZEROGPU:
-            measure_for_sharing(target, lambda message: progress(0.0, desc=message))
+            with openmp_workers_released():
+                measure_for_sharing(target, lambda message: progress(0.0, desc=message))
         deadline = time.monotonic() + RUN_TIME_BUDGET_SECONDS
         return request, Run(request, target, draft, encoded[0], schedulers, deadline), encoded
 
@@ -543,7 +550,16 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
             stopped_summary, inputs=batch_summary, outputs=batch_summary, queue=False, api_visibility="private"
         )
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)  # explicit: ZeroGPU would default to 1
+    calm_queue_polling(demo)
     return demo
+
+
+def calm_queue_polling(demo: gr.Blocks) -> None:
+    """Poll Gradio's queue at QUEUE_POLL_SECONDS (private attributes of gradio.queueing.Queue, which has no setting
+    for them; one that Gradio renames is left alone, and tests/test_app.py fails)."""
+    for name, seconds in QUEUE_POLL_SECONDS.items():
+        if hasattr(demo._queue, name):
+            setattr(demo._queue, name, seconds)
 
 
 def batch_prompts(prompts: str | list[str]) -> list[str]:
@@ -785,7 +801,7 @@ def greedy_divergence(run: Run, rounds: list[Round], baseline: list[Round]) -> D
         return None
     context = [*run.prompt_ids[0].tolist(), *target_ids[:first]]
     context_ids = torch.tensor([context], device=run.target.device)  # [1, T + first]
-    with run.schedulers.models_lock:  # apart from other runs' passes
+    with run.schedulers.models_lock, openmp_workers_released():  # apart from other runs' passes; a Gradio thread
         logits = run.target.model(input_ids=context_ids, logits_to_keep=1).logits  # [1, 1, V]
     scores = penalised_scores(logits, context_ids, run.request.sampling)[0, 0]  # [V] what greedy takes the argmax of
     top_logits = scores.topk(2).values  # [2]

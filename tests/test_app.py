@@ -7,6 +7,7 @@ import json
 import time
 from dataclasses import replace
 
+import gradio as gr
 import httpx
 import pytest
 import torch
@@ -247,3 +248,14 @@ def test_bad_batches_get_one_sentence_and_the_app_keeps_serving(client):
             client.predict(**inputs, api_name="/generate_batch")
         assert message in str(caught.value), (message, str(caught.value)[:300])
     assert client.predict(prompts=["hi"], max_new_tokens=4, api_name="/generate_batch")[3][0]["token_ids"]
+
+
+def test_the_queue_looks_for_events_every_20_ms_not_every_1():
+    """Gradio's queue polls; each poll takes the GIL from the engine's thread. Its private periods are set, and a
+    Gradio that renames them fails here."""
+    with gr.Blocks() as demo:
+        gr.Markdown("queue")
+    demo.queue()
+    ui.calm_queue_polling(demo)
+    for name, seconds in ui.QUEUE_POLL_SECONDS.items():
+        assert getattr(demo._queue, name) == seconds, name
