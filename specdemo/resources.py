@@ -51,16 +51,22 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
+def release_openmp_workers() -> None:
+    """Let the calling thread's OpenMP workers go (libgomp's omp_pause_resource_all); its next parallel region starts
+    new ones. libgomp keeps a thread's workers while the thread lives; once it counts more workers than CPUs, every
+    thread's workers stop spinning between parallel regions and each region waits to wake them. With one idle thread
+    keeping its workers, SmolLM2's one-token passes took 10-30% longer and its six-token passes 25-50% (2 CPUs), and
+    a tiny model's decoding loop 1.6x."""
+    libgomp = _libgomp()
+    if libgomp is not None and hasattr(libgomp, "omp_pause_resource_all"):
+        libgomp.omp_pause_resource_all(OMP_PAUSE_SOFT)
+
+
 @contextmanager
 def openmp_workers_released() -> Iterator[None]:
     """Torch work on a thread that outlives it (the main thread after loading, Gradio's worker threads): at the end,
-    the thread lets its OpenMP workers go (libgomp's omp_pause_resource_all). libgomp keeps a thread's workers while
-    the thread lives; once it counts more workers than CPUs, every thread's workers stop spinning between parallel
-    regions and each region waits to wake them. With one idle thread keeping its workers, SmolLM2's one-token passes
-    took 10-30% longer and its six-token passes 25-50% (2 CPUs), and a tiny model's decoding loop 1.6x."""
+    the thread lets its OpenMP workers go (release_openmp_workers)."""
     try:
         yield
     finally:
-        libgomp = _libgomp()
-        if libgomp is not None and hasattr(libgomp, "omp_pause_resource_all"):
-            libgomp.omp_pause_resource_all(OMP_PAUSE_SOFT)
+        release_openmp_workers()

@@ -17,6 +17,7 @@ import specdemo.ui as ui
 from specdemo.decoding import BatchDecoder, Round
 from specdemo.model_cache import ModelCache
 from specdemo.models import OFFLINE_DEFAULT, LoadedModel, load_model
+from specdemo.resources import release_openmp_workers
 from specdemo.ui import EXAMPLES
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
@@ -163,6 +164,13 @@ def assert_engine_stops_within_a_second(counter: dict[str, int], max_rounds: int
 def trace_of(final) -> dict:
     with open(final[6]["value"]) as handle:
         return json.load(handle)
+
+
+@pytest.fixture(autouse=True)
+def main_thread_without_openmp_workers() -> None:
+    """Each test begins as app.py serves: the thread that loaded the models keeps no OpenMP workers while the app's
+    threads decode (resources.release_openmp_workers; a test's own torch work starts them anew)."""
+    release_openmp_workers()
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,7 @@ from gradio_client.exceptions import AppError
 
 import specdemo.decoding
 import specdemo.ui as ui
-from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import speculative_generate
 from specdemo.models import chat_prompt_ids
-from specdemo.pairs import DEFAULT_PAIR, make_drafter
 from specdemo.scheduler import IDLE_RELEASE_SECONDS
 from tests.conftest import SPELLING, assert_equal_or_near_tie, launched_app, settings, trace_of
 
@@ -40,22 +37,6 @@ SHARED_WALL_BOUND = 0.8  # the load at once, against the same load one run at a 
 @pytest.fixture(scope="module")
 def client(app) -> Client:
     return Client(app, verbose=False)
-
-
-def run_alone(offline_model, prompt: str, variant: dict, seed: int) -> list[int]:
-    """The same settings and seed through the engine alone, in this thread, nothing else running."""
-    sampling = SamplingConfig(**{"temperature": 0.0, **variant}, seed=seed)
-    speculative = SpeculativeConfig(max_new_tokens=NEW_TOKENS)
-    prompt_ids = chat_prompt_ids(offline_model, prompt)
-    rounds = speculative_generate(
-        offline_model.model,
-        make_drafter(DEFAULT_PAIR, offline_model, None, speculative),
-        prompt_ids,
-        sampling,
-        speculative,
-        offline_model.eos_token_ids,
-    )
-    return [token for round_ in rounds for token in round_.emitted_token_ids]
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -94,8 +75,8 @@ def client_runs(app: str, steps: list[tuple]) -> list[dict]:
 def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, offline_model):
     """8 clients x 3 runs (mixed greedy and sampled, own seeds), first one at a time, then all at once: the runs
     share passes, the load at once takes no longer than one at a time, first tokens come within 3 s (p50) and 8 s
-    (p95), every greedy run equals the run alone or differs first at a near-tie, and resident memory after the load
-    stays within 10% of that after the first run."""
+    (p95), every greedy run equals its run of the first half (alone) or differs first at a near-tie, and resident
+    memory after the load stays within 10% of that after the first run."""
     plan = [
         (PROMPTS[(c + r) % 2], VARIANTS[(c + r) % 4], 100 * c + r)
         for c in range(NUM_CLIENTS)
@@ -119,13 +100,15 @@ def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, o
     assert len(results) == NUM_CLIENTS * RUNS_PER_CLIENT and all(r["ids"] for r in results)
     assert max(r["widest_pass"] for r in results) >= 4, "the runs never shared a pass"
     assert sum(r["rounds_cut"] for r in results) > 0, "no shared pass cut a draft"
+    assert max(r["widest_pass"] for r in one_at_a_time) == 1, "a run of the first half shared a pass"
     assert sum(r["rounds_cut"] for r in one_at_a_time) == 0, "a run alone had its draft cut"
     identical, near_ties = 0, 0
-    for result in results:
+    for result, alone in zip(results, one_at_a_time, strict=True):  # the same plan, in the same order
+        assert (result["prompt"], result["seed"]) == (alone["prompt"], alone["seed"])
         if result["variant"].get("temperature", 0.0) == 0.0:
-            alone = run_alone(offline_model, result["prompt"], result["variant"], result["seed"])
             prompt = chat_prompt_ids(offline_model, result["prompt"])[0].tolist()
-            equal = assert_equal_or_near_tie(offline_model.model, prompt, result["ids"], alone, str(result["seed"]))
+            label = str(result["seed"])
+            equal = assert_equal_or_near_tie(offline_model.model, prompt, result["ids"], alone["ids"], label)
             identical, near_ties = identical + equal, near_ties + (not equal)
     first, total = [r["first_token"] for r in results], [r["total"] for r in results]
     figures = {
@@ -151,7 +134,7 @@ def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, o
     (ARTIFACTS / "load.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures))
     assert figures["time_to_first_token_p50"] <= 3.0 and figures["time_to_first_token_p95"] <= 8.0, figures
-    # The issue asks for 0.5; on this 2-core float32 CPU the measured ratio is 0.52-0.59 with drafts cut for shared
+    # The issue asks for 0.5; on this 2-core float32 CPU the measured ratio is 0.44-0.54 with drafts cut for shared
     # passes, 0.66-0.89 before (README, "Many users, bad input, failures"): the bound leaves room for a slower machine.
     assert wall <= SHARED_WALL_BOUND * sequential_wall, figures
     growth = rss_after_load - rss_after_first
