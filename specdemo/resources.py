@@ -25,14 +25,15 @@ def _libc() -> ctypes.CDLL | None:
 
 
 @functools.cache
-def _libgomp() -> ctypes.CDLL | None:
-    """The libgomp this process loaded with torch (its file name differs between torch builds); None without one."""
+def _libgomps() -> tuple[ctypes.CDLL, ...]:
+    """The libgomps this process has loaded: torch's (its file name differs between torch builds) and any other
+    package's own copy; none where /proc is absent. Read at the first call, which comes after torch is imported."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
-        return None
+        return ()
     paths = sorted({line.split()[-1] for line in maps.splitlines() if "/libgomp" in line})
-    return ctypes.CDLL(paths[0]) if paths else None
+    return tuple(ctypes.CDLL(path) for path in paths)
 
 
 def bound_allocator_arenas(arenas: int = SERVING_MALLOC_ARENAS) -> None:
@@ -57,9 +58,9 @@ def release_openmp_workers() -> None:
     thread's workers stop spinning between parallel regions and each region waits to wake them. With one idle thread
     keeping its workers, SmolLM2's one-token passes took 5-33% longer and its six-token passes 18-74% (2 CPUs), and
     a tiny model's decoding loop 1.6x longer."""
-    libgomp = _libgomp()
-    if libgomp is not None and hasattr(libgomp, "omp_pause_resource_all"):
-        libgomp.omp_pause_resource_all(OMP_PAUSE_SOFT)
+    for libgomp in _libgomps():
+        if hasattr(libgomp, "omp_pause_resource_all"):
+            libgomp.omp_pause_resource_all(OMP_PAUSE_SOFT)
 
 
 @contextmanager

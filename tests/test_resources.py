@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager, nullcontext
 import pytest
 import torch
 
-from specdemo.resources import _libgomp, openmp_workers_released
+from specdemo.resources import _libgomps, openmp_workers_released
 
 
 def thread_ids() -> set[int]:
@@ -44,7 +44,7 @@ def workers_left(context: AbstractContextManager) -> tuple[set[int], set[int]]:
     return seen["started"], seen["alive"]
 
 
-@pytest.mark.skipif(_libgomp() is None or torch.get_num_threads() < 2, reason="torch here has no libgomp workers")
+@pytest.mark.skipif(not _libgomps() or torch.get_num_threads() < 2, reason="torch here has no libgomp workers")
 def test_a_thread_done_with_torch_lets_its_openmp_workers_go():
     """Workers of a thread that lives on stay while it lives (why the app lets them go), and go once it is done."""
     started, alive = workers_left(nullcontext())
