@@ -55,9 +55,9 @@ def release_freed_memory() -> None:
 def release_openmp_workers() -> None:
     """Let the calling thread's OpenMP workers go (libgomp's omp_pause_resource_all); its next parallel region starts
     new ones. libgomp keeps a thread's workers while the thread lives; once it counts more workers than CPUs, every
-    thread's workers stop spinning between parallel regions and each region waits to wake them. With one idle thread
-    keeping its workers, SmolLM2's one-token passes took 5-33% longer and its six-token passes 18-74% (2 CPUs), and
-    a tiny model's decoding loop 1.6x longer."""
+    thread's workers stop spinning between parallel regions and each region waits to wake them: beside one idle thread
+    keeping its workers, SmolLM2's six-token pass took 166-199 ms against 132-139 ms (2 CPUs; README, "Threads that
+    are done with torch", has the snippet)."""
     for libgomp in _libgomps():
         if hasattr(libgomp, "omp_pause_resource_all"):
             libgomp.omp_pause_resource_all(OMP_PAUSE_SOFT)

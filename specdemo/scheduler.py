@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
-import torch
+from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.costs import batch_costs, shared_costs
@@ -104,7 +104,7 @@ class Scheduler:
 
     def __init__(
         self,
-        target: torch.nn.Module,
+        target: PreTrainedModel,
         drafter: Drafter,
         eos_token_ids: frozenset[int],
         models_lock: threading.Lock,
@@ -112,7 +112,7 @@ class Scheduler:
         on_idle: Callable[[Scheduler], None] = lambda scheduler: None,
     ) -> None:
         # with the target's measured round costs, drafts are cut when a shared pass pays for it
-        self.decoder = BatchDecoder(target, drafter, eos_token_ids, costs=shared_costs(target))  # type: ignore[arg-type]
+        self.decoder = BatchDecoder(target, drafter, eos_token_ids, costs=shared_costs(target))
         self.models_lock, self.max_rows, self.on_idle = models_lock, max_rows, on_idle
         self.condition = threading.Condition()
         self.waiting: list[tuple[Hashable, DecodeRequest]] = []
