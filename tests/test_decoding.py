@@ -11,7 +11,7 @@ from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.sampling import build_warpers, logits_to_probs
 from specdemo.stats import emitted_ids, run_stats
-from tests.conftest import TINY_VOCAB, hf_greedy
+from tests.conftest import TINY_VOCAB, hf_greedy, seeded_runs
 
 NO_EOS: frozenset[int] = frozenset()
 EOS = frozenset([1])  # the tiny models' eos_token_id, which generate() stops at too
@@ -138,22 +138,17 @@ def exact_marginals(model, prompt_ids: torch.Tensor, sampling: SamplingConfig, n
     ids=["temperature+penalty", "top-k+top-p"],
 )
 def test_sampled_tokens_follow_the_target_only_distribution(tiny_target, tiny_draft, sampling):
-    """Many seeds: the first three tokens of speculative decoding with K = 2 match the exact target-only marginals,
-    with a draft that samples at a different temperature (so rejections and resamples happen at both positions).
-    Three tokens, because a run never drafts more than max_new_tokens - 1: the first round drafts 2."""
+    """Many seeds, as rows of batches: the first three tokens of speculative decoding with K = 2 match the exact
+    target-only marginals, with a draft that samples at a different temperature (so rejections and resamples happen at
+    both positions). Three tokens, because a run never drafts more than max_new_tokens - 1: the first round drafts 2."""
     num_runs, num_tokens = 1500, 3
     exact = exact_marginals(tiny_target, PROMPT, sampling, num_tokens)  # [3, V]
     draft_sampling = SamplingConfig(temperature=0.7)
     spec = SpeculativeConfig(num_draft_tokens=2, max_new_tokens=num_tokens)
     counts = torch.zeros(num_tokens, TINY_VOCAB, dtype=torch.float64)
     num_two_token_drafts = num_second_draft_rejected = 0
-    for seed in range(num_runs):
-        drafter = ModelDrafter(tiny_draft, draft_sampling, TINY_VOCAB)
-        rounds = list(
-            speculative_generate(
-                tiny_target, drafter, PROMPT, sampling, spec, NO_EOS, generator=torch.Generator().manual_seed(seed)
-            )
-        )
+    drafter = ModelDrafter(tiny_draft, draft_sampling, TINY_VOCAB)
+    for rounds in seeded_runs(tiny_target, drafter, PROMPT, sampling, spec, num_runs):
         for position, token in enumerate(emitted_ids(rounds)):
             counts[position, token] += 1
         two_token_drafts = [round_ for round_ in rounds if len(round_.draft_token_ids) == 2]

@@ -14,7 +14,7 @@ from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.planning import PassCosts, monotone, plan_draft
 from specdemo.stats import emitted_ids, run_stats
 from specdemo.suffix import MAX_MATCH, SuffixDrafter, SuffixTrie, _RowState
-from tests.conftest import TINY_VOCAB, hf_greedy
+from tests.conftest import TINY_VOCAB, hf_greedy, seeded_runs
 from tests.test_decoding import EOS, NO_EOS, PARITY_PROMPTS, PROMPT, exact_marginals
 
 COSTS = PassCosts.from_seconds({1: 1.0, 2: 1.6, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.6})  # like SmolLM2 on this CPU
@@ -152,31 +152,25 @@ def test_greedy_parity_suffix_drafter_on_the_real_model(offline_model):
 
 
 def test_sampled_tokens_with_suffix_drafts_follow_the_target_only_distribution(tiny_target):
-    """Suffix drafts are deterministic (q one-hot): many seeds, the first three tokens against the exact target-only
-    marginals, with drafts refused and resampled often (guards)."""
+    """Suffix drafts are deterministic (q one-hot): many seeds, as rows of batches sharing one drafter, the first
+    three tokens against the exact target-only marginals. The prompt repeats itself after the target's greedy
+    continuation, so the drafts are tokens the target likes (p about 0.1-0.2, not about 0.003 as on PROMPT alone):
+    a rule that got the residual wrong would then move their frequencies by far more than the noise (guards)."""
     num_runs, num_tokens = 1500, 3
     sampling = SamplingConfig(temperature=1.0)
-    exact = exact_marginals(tiny_target, PROMPT, sampling, num_tokens)  # [3, V]
+    greedy = emitted_ids(list(autoregressive_generate(tiny_target, PROMPT, SamplingConfig(), 4, NO_EOS)))
+    prompt = torch.tensor([PROMPT[0].tolist() + greedy + PROMPT[0].tolist()])
+    exact = exact_marginals(tiny_target, prompt, sampling, num_tokens)  # [3, V]
     spec = SpeculativeConfig(num_draft_tokens=2, max_new_tokens=num_tokens)
     counts = torch.zeros(num_tokens, TINY_VOCAB, dtype=torch.float64)
-    drafted = refused = 0
-    for seed in range(num_runs):
-        rounds = list(
-            speculative_generate(
-                tiny_target,
-                SuffixDrafter(tiny_target, costs=FREE),
-                PROMPT,
-                sampling,
-                spec,
-                NO_EOS,
-                generator=torch.Generator().manual_seed(seed),
-            )
-        )
+    drafted = accepted = refused = 0
+    for rounds in seeded_runs(tiny_target, SuffixDrafter(tiny_target, costs=FREE), prompt, sampling, spec, num_runs):
         for position, token in enumerate(emitted_ids(rounds)):
             counts[position, token] += 1
         drafted += sum(bool(r.draft_token_ids) for r in rounds)
+        accepted += sum(r.num_accepted for r in rounds)
         refused += sum(r.num_accepted < len(r.draft_token_ids) for r in rounds)
-    assert drafted >= num_runs and refused > num_runs // 4, (drafted, refused)
+    assert drafted >= num_runs and accepted > num_runs // 10 and refused > num_runs // 4, (drafted, accepted, refused)
     for position in range(num_tokens):
         assert chi_square_pvalue(counts[position], exact[position]) > 1e-4, f"position {position}"
         assert tv_distance(counts[position], exact[position]) < 0.08, f"position {position}"
