@@ -112,8 +112,8 @@ def test_batch_bench_gives_every_batch_size_the_same_work(offline_model, tmp_pat
             json.dumps({"name": "free", "grounded": False, "text": "Write two sentences about rain."}),
         )
     )
-    speculative = SpeculativeConfig(max_new_tokens=12)
-    results = run_batch_bench(offline_model, None, speculative, prompts, [1, 3], [1, 2], repeats=1, log=lambda _: None)
+    speculative = SpeculativeConfig(max_new_tokens=8)
+    results = run_batch_bench(offline_model, None, speculative, prompts, [2, 3], [1, 2], repeats=1, log=lambda _: None)
     assert results["methods"] == [
         HF_BATCHED,
         TARGET_ONLY,
@@ -123,7 +123,7 @@ def test_batch_bench_gives_every_batch_size_the_same_work(offline_model, tmp_pat
     ]
     tokens = {(row["batch_size"], name): row[name]["tokens"] for row in results["rows"] for name in results["methods"]}
     assert [row["num_prompts"] for row in results["rows"]] == [3, 3]
-    assert len(set(tokens.values())) == 1, tokens  # the same work at B = 1 and B = 3, by every method
+    assert len(set(tokens.values())) == 1, tokens  # the same work at B = 2 and B = 3, by every method
     for row in results["rows"]:
         assert row[TARGET_ONLY]["tokens_per_pass"] == 1.0
         assert row["speculative W=1 (ours)"]["tokens_per_pass"] >= 1.0
