@@ -150,6 +150,7 @@ def settings(prompt: str = SPELLING, **changes) -> dict:
         "chat": True,
         "compare": True,
         "num_candidates": 1,
+        "dtype": "float32",  # the pinned offline model's format: greedy parity is checked in float32
     }
     values.update(changes)
     return values

@@ -199,7 +199,7 @@ LONG_PROMPT = order_lines_prompt(60)  # about 790 words, as in the bug report
 def gemma() -> LoadedModel:
     if package_dir(OFFLINE_MODELS[GEMMA]) is None:
         pytest.skip(f"{GEMMA}: optional package not installed ({OFFLINE_MODELS[GEMMA].install})")
-    return load_model(GEMMA, device=torch.device("cpu"))
+    return load_model(GEMMA, device=torch.device("cpu"), dtype=torch.float32)  # parity tests need float32
 
 
 def test_gemma_greedy_parity_with_rejections_past_the_window(gemma):
