@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdemo.candidates import CandidateVerdict, Verify, verify_batch
+from specdemo.candidates import CandidateVerdict, Verify, verify_rows
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import BatchDecoder
 from specdemo.drafters import Drafter, NoDrafter
@@ -39,11 +39,12 @@ BUGS = {
 
 
 def verifier(bug: str) -> Verify:
-    """verify_batch, or verify_batch with the named bug planted: each bug is a mistake real samplers made."""
+    """The engine's rule (verify_rows), or that rule with the named bug planted: each bug is a mistake real samplers
+    made."""
     if bug not in BUGS:
         raise ValueError(f"Unknown bug {bug!r}: pick one of {', '.join(repr(b) for b in BUGS)}.")
     return {
-        "none": verify_batch,
+        "none": verify_rows,
         "resample from p": _resampling_from_p,
         "always accept": _always_accepting,
         "wrong q": _with_raw_q,
@@ -52,7 +53,7 @@ def verifier(bug: str) -> Verify:
 
 
 def _resampling_from_p(ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
-    verdict = verify_batch(ids, lengths, draft_probs, target_probs, uniforms)
+    verdict = verify_rows(ids, lengths, draft_probs, target_probs, uniforms)
     rows = torch.arange(ids.shape[0])
     node = target_probs[rows, verdict.path, verdict.num_accepted]  # [B, V] p where the next token is drawn
     from_p = sample_from_probs(node, uniforms[:, -1])
@@ -63,17 +64,17 @@ def _resampling_from_p(ids, lengths, draft_probs, target_probs, uniforms) -> Can
 def _always_accepting(ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
     passing = uniforms.clone()
     passing[:, :-1] = -1.0  # u * q < p for every drafted token (q > 0): every test passes
-    return verify_batch(ids, lengths, draft_probs, target_probs, passing)
+    return verify_rows(ids, lengths, draft_probs, target_probs, passing)
 
 
 def _with_raw_q(ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
     raw = draft_probs.double() ** RAW_TEMPERATURE  # softmax(l / T) ** T is proportional to softmax(l)
     raw = (raw / raw.sum(dim=-1, keepdim=True).clamp(min=1e-300)).to(draft_probs.dtype)  # padding stays 0
-    return verify_batch(ids, lengths, raw, target_probs, uniforms)
+    return verify_rows(ids, lengths, raw, target_probs, uniforms)
 
 
 def _with_one_uniform(ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
-    return verify_batch(ids, lengths, draft_probs, target_probs, uniforms[:, :1].expand_as(uniforms).contiguous())
+    return verify_rows(ids, lengths, draft_probs, target_probs, uniforms[:, :1].expand_as(uniforms).contiguous())
 
 
 def emitted_by_position(
@@ -353,7 +354,7 @@ def model_audit(
     assert not sampling.is_greedy, "greedy decoding has nothing to sample"
     speculative = replace(speculative, max_new_tokens=num_tokens + speculative.num_draft_tokens)
     samples: list[Counter] = []
-    for side, (drafter_used, verify) in enumerate(((drafter, verifier(bug)), (NoDrafter(), verify_batch))):
+    for side, (drafter_used, verify) in enumerate(((drafter, verifier(bug)), (NoDrafter(), verify_rows))):
         decoder = BatchDecoder(target, drafter_used, eos_token_ids, verify)  # type: ignore[arg-type]
         tokens: list[list[int]] = [[] for _ in range(num_samples)]
         waiting, finished = list(range(num_samples)), 0

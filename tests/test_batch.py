@@ -66,6 +66,11 @@ def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(tiny_target, tiny
         assert [
             (r.draft_token_ids, r.num_accepted, r.path, [c.token_ids for c in r.candidates]) for r in batched[row]
         ] == [(r.draft_token_ids, r.num_accepted, r.path, [c.token_ids for c in r.candidates]) for r in alone]
+    # The greedy row is verified over all V in the mixed batch and over its own few tokens alone: the same tests.
+    assert [(r.candidates, r.next_kind, r.next_token_prob) for r in batched[0]] == [
+        (r.candidates, r.next_kind, r.next_token_prob)
+        for r in run_alone(tiny_target, drafter(), PROMPTS[0], SETTINGS[0][0], spec(SETTINGS[0][1]))
+    ]
     if num_candidates > 1:
         assert any(len(r.candidates) > 1 for rounds in batched.values() for r in rounds), "never more than 1"
 

@@ -1,5 +1,6 @@
 """The multi-candidate rule: exact target distribution for W candidates (sampled or deterministic, duplicates
-included), two negative controls that the same test must catch, W = 1 == rejection_sample, vmap == a Python loop."""
+included), two negative controls that the same test must catch, W = 1 == rejection_sample, one-candidate chains ==
+the tree rule, vmap == a Python loop."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from specdemo.audit import chi_square_pvalue, tv_distance
-from specdemo.candidates import choose_draft_tokens, verify_batch, verify_candidates
+from specdemo.candidates import choose_draft_tokens, verify_batch, verify_candidates, verify_chains, verify_rows
 from specdemo.rejection import rejection_sample
 from specdemo.sampling import sample_from_probs, sample_one
 
@@ -156,6 +157,37 @@ def test_one_candidate_is_rejection_sample_bit_for_bit():
     assert torch.equal(verdict.next_token_ids, expected.next_token_ids)
     assert torch.equal(verdict.target_draft_probs[:, 0], expected.target_draft_probs)
     assert torch.equal(verdict.next_token_probs, expected.next_token_probs)
+
+
+def test_one_candidate_chains_are_the_tree_rule_bit_for_bit(capsys):
+    """verify_chains (the engine's rule when every row has one candidate) gives verify_batch's whole verdict, on
+    ragged lengths 0..K, sampled and one-hot drafts, one-hot (greedy) targets and rows where p == q."""
+    generator = torch.Generator().manual_seed(11)
+    rows, depth, vocab = 400, 5, 16
+    target_probs = torch.softmax(torch.randn(rows, 1, depth + 1, vocab, generator=generator) * 3, -1)
+    draft_probs = torch.softmax(torch.randn(rows, 1, depth, vocab, generator=generator) * 3, -1)
+    tokens = torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=generator).reshape(rows, 1, depth)
+    one_hot_drafts, greedy, same = slice(100, 200), slice(150, 250), slice(300, 340)  # overlapping kinds of rows
+    draft_probs[one_hot_drafts] = torch.nn.functional.one_hot(tokens[one_hot_drafts], vocab).float()
+    target_probs[greedy] = torch.nn.functional.one_hot(target_probs[greedy].argmax(-1), vocab).float()
+    target_probs[same, :, :depth] = draft_probs[same]
+    lengths = torch.randint(0, depth + 1, (rows, 1), generator=generator)
+    uniforms = torch.rand(rows, depth + 1, dtype=torch.float64, generator=generator)
+    inputs = (tokens, lengths, draft_probs, target_probs, uniforms)
+    started = time.perf_counter()
+    tree = verify_batch(*inputs)
+    tree_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    chains = verify_chains(*inputs)
+    chain_seconds = time.perf_counter() - started
+    for name in tree.__dataclass_fields__:
+        assert torch.equal(getattr(chains, name), getattr(tree, name)), name
+    assert 0 < int(tree.num_accepted.sum()) < int(lengths.sum()) and bool((tree.num_accepted < lengths[:, 0]).any())
+    assert verify_rows(*inputs).next_token_ids.equal(tree.next_token_ids)
+    with capsys.disabled():
+        print(
+            f"\nverify {rows} rows x K={depth}: chains {chain_seconds * 1e3:.1f} ms, tree {tree_seconds * 1e3:.1f} ms"
+        )
 
 
 def test_greedy_takes_the_longest_prefix_matching_the_argmax():
