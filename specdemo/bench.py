@@ -161,6 +161,8 @@ def bench_row(
         "prompt_tokens": num_prompt_tokens,
         "new_tokens": num_tokens,
         "identical": all(output == outputs[names[0]] for output in outputs.values()),
+        "differs": [name for name in names if outputs[name] != outputs[names[0]]],  # from our target-only text
+        "new_tokens_by_method": {name: len(outputs[name]) for name in names},
         "tokens_per_second": speeds,
         "alpha": stats.alpha,
         "acceptance_rate": stats.acceptance_rate,
@@ -206,6 +208,11 @@ def summarise(rows: list[dict], names: list[str]) -> dict:
             "largest accounting error": max((row["accounting_error"] for row in group), key=abs),
             "median overhead fraction": statistics.median(row["overhead_fraction"] for row in group),
             "largest drafting share of round time": max(row.get("drafting_share", 0.0) for row in group),
+            # In bfloat16 the methods' texts can part at near-ties, and a different text copies better or worse.
+            "prompts where all four texts agree": sum(row["identical"] for row in group),
+            f"{spec} / {peer} where all four texts agree": (
+                median_ratio(same, spec, peer) if (same := [row for row in group if row["identical"]]) else None
+            ),
         }
         if all(row.get("plan_error") is not None for row in group):
             summary[label]["median error of the drafter's own plans"] = statistics.median(
@@ -312,13 +319,13 @@ def markdown_table(results: dict) -> str:
                 if row.get("planned_speedup")
                 else ""
             )
-            + f" | {'yes' if row['identical'] else 'NO'} |"
+            + f" | {_identical_cell(row)} |"
         )
     lines += ["", "| median | grounded prompts | open-ended prompts |", "|---|---|---|"]
     summary = results["summary"]
     grounded, open_ended = summary.get("grounded", {}), summary.get("open", {})
     for key in grounded or open_ended:
-        cells = [f"{group[key]:.2f}" if key in group else "–" for group in (grounded, open_ended)]
+        cells = [_summary_cell(group.get(key)) for group in (grounded, open_ended)]
         lines.append(f"| {key} | {cells[0]} | {cells[1]} |")
     lines += [
         "",
@@ -336,6 +343,21 @@ def markdown_table(results: dict) -> str:
             ),
         ]
     return "\n".join(lines)
+
+
+def _identical_cell(row: dict) -> str:
+    """yes, or which methods' texts differ from our target-only text, with their lengths."""
+    if row["identical"]:
+        return "yes"
+    differs = row.get("differs", [])
+    lengths = row.get("new_tokens_by_method", {})
+    return "NO" + ": " * bool(differs) + ", ".join(f"{name} ({lengths.get(name, '?')} tokens)" for name in differs)
+
+
+def _summary_cell(value: float | int | None) -> str:
+    if value is None:
+        return "–"
+    return str(value) if isinstance(value, int) else f"{value:.2f}"
 
 
 def bench_app(prompts: tuple[BenchPrompt, ...] = PROMPTS[6:], max_new_tokens: int = 128) -> list[dict]:
