@@ -162,6 +162,7 @@ def bench_row(
         "new_tokens": num_tokens,
         "identical": all(output == outputs[names[0]] for output in outputs.values()),
         "differs": [name for name in names if outputs[name] != outputs[names[0]]],  # from our target-only text
+        "same_text_as_peer": outputs[SPECULATIVE] == outputs[names[-1]],  # ours and the peer's speculative texts
         "new_tokens_by_method": {name: len(outputs[name]) for name in names},
         "tokens_per_second": speeds,
         "alpha": stats.alpha,
@@ -209,10 +210,8 @@ def summarise(rows: list[dict], names: list[str]) -> dict:
             "median overhead fraction": statistics.median(row["overhead_fraction"] for row in group),
             "largest drafting share of round time": max(row.get("drafting_share", 0.0) for row in group),
             # In bfloat16 the methods' texts can part at near-ties, and a different text copies better or worse.
-            "prompts where all four texts agree": sum(row["identical"] for row in group),
-            f"{spec} / {peer} where all four texts agree": (
-                median_ratio(same, spec, peer) if (same := [row for row in group if row["identical"]]) else None
-            ),
+            f"prompts where {spec} and {peer} wrote the same text": len(same := _same_text(group)),
+            f"{spec} / {peer} on those prompts": median_ratio(same, spec, peer) if same else None,
         }
         if all(row.get("plan_error") is not None for row in group):
             summary[label]["median error of the drafter's own plans"] = statistics.median(
@@ -223,6 +222,10 @@ def summarise(rows: list[dict], names: list[str]) -> dict:
         abs(row["accounting_error"]) <= ACCOUNTING_TOLERANCE for row in rows
     )
     return summary
+
+
+def _same_text(rows: list[dict]) -> list[dict]:
+    return [row for row in rows if row.get("same_text_as_peer", row["identical"])]
 
 
 def format_row(row: dict, names: list[str]) -> str:

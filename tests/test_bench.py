@@ -9,7 +9,16 @@ import pytest
 
 from specdemo.__main__ import main
 from specdemo.batch_bench import HF_BATCHED, SHARED_CUT, run_batch_bench
-from specdemo.bench import ACCOUNTING_TOLERANCE, SPECULATIVE, TARGET_ONLY, bench_pass_costs, bench_row, run_bench
+from specdemo.bench import (
+    ACCOUNTING_TOLERANCE,
+    HF_GENERATE,
+    SPECULATIVE,
+    TARGET_ONLY,
+    bench_pass_costs,
+    bench_row,
+    run_bench,
+    summarise,
+)
 from specdemo.config import SpeculativeConfig
 from specdemo.prompts import BenchPrompt, load_prompts
 from tests.conftest import make_round
@@ -94,7 +103,30 @@ def test_speeds_count_each_methods_own_tokens():
     )
     assert row["tokens_per_second"] == pytest.approx({TARGET_ONLY: 10.0, SPECULATIVE: 16.0})
     assert row["measured_speedup"] == pytest.approx(1.6)  # not 2.0, the ratio of the times
-    assert not row["identical"]
+    assert not row["identical"] and row["differs"] == [SPECULATIVE]
+    assert row["new_tokens_by_method"] == {TARGET_ONLY: 20, SPECULATIVE: 16}
+
+
+def test_the_peer_is_compared_on_the_prompts_where_both_wrote_the_same_text():
+    names = [TARGET_ONLY, SPECULATIVE, HF_GENERATE, "HF prompt lookup"]
+    rows = [
+        {  # the peer wrote another text here, one that copies better
+            "grounded": True,
+            "identical": False,
+            "same_text_as_peer": same,
+            "tokens_per_second": dict(zip(names, speeds, strict=True)),
+            "alpha": 0.5,
+            "acceptance_rate": 0.5,
+            "prediction_error": 0.0,
+            "accounting_error": 0.0,
+            "overhead_fraction": 0.0,
+        }
+        for same, speeds in [(False, (10, 20, 10, 40)), (True, (10, 30, 10, 20)), (True, (10, 24, 10, 20))]
+    ]
+    grounded = summarise(rows, names)["grounded"]
+    assert grounded[f"{SPECULATIVE} / HF prompt lookup"] == pytest.approx(1.2)  # the median of 0.5, 1.5 and 1.2
+    assert grounded[f"prompts where {SPECULATIVE} and HF prompt lookup wrote the same text"] == 2
+    assert grounded[f"{SPECULATIVE} / HF prompt lookup on those prompts"] == pytest.approx(1.35)
 
 
 def test_pass_costs_time_each_size_through_the_engines_cache(tiny_target):
