@@ -8,7 +8,7 @@ import torch
 from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
-from specdemo.drafters import ModelDrafter, NgramDrafter
+from specdemo.drafters import DraftRequest, ModelDrafter, NgramDrafter
 from specdemo.sampling import build_warpers, logits_to_probs
 from specdemo.stats import emitted_ids, run_stats
 from tests.conftest import TINY_VOCAB, hf_greedy, seeded_runs
@@ -64,6 +64,17 @@ def test_greedy_parity_ngram_drafter(tiny_target, prompt):
     rounds = list(speculative_generate(tiny_target, NgramDrafter(), prompt, greedy, spec, EOS))
     assert emitted_ids(rounds) == hf_greedy(tiny_target, prompt, 50, EOS)
     assert run_stats(rounds).num_accepted > 0  # the lookup proposed and was right, so verification was exercised
+
+
+def test_ngram_candidates_beyond_one_also_follow_one_token_matches():
+    sequence = [5, 6, 7, 9, 5, 6, 8, 3, 6]  # "3 6" never came before; "6" was followed by "8 3 6" and "7 9 5"
+
+    def proposed(num_candidates: int) -> list[list[int]]:
+        request = DraftRequest(0, sequence, 3, num_candidates, SamplingConfig(), torch.Generator())
+        return NgramDrafter().propose([request])[0].token_ids
+
+    assert proposed(1) == []  # one candidate needs a two-token match
+    assert proposed(4) == [[8, 3, 6], [7, 9, 5]]  # the latest match first
 
 
 def test_greedy_parity_with_repetition_penalty(tiny_target, tiny_draft):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import specdemo.decoding
+import specdemo.scheduler
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
@@ -20,6 +21,13 @@ from tests.conftest import TINY_VOCAB
 from tests.test_batch import EOS, PROMPTS, SETTINGS
 
 FAR = 1e12  # a deadline that never comes
+
+
+@pytest.fixture(autouse=True)
+def no_shared_pass_cuts(monkeypatch) -> None:
+    """Rows here must equal the rows decoded alone, so their drafts are never cut for shared passes, whatever costs an
+    earlier test measured for the tiny model (a cut row is another draw: tests/test_sharing.py)."""
+    monkeypatch.setattr(specdemo.scheduler, "shared_costs", lambda target: None)
 
 
 def requests(num_candidates: int = 2) -> list[DecodeRequest]:
