@@ -145,7 +145,7 @@ def verify_chains(
 ) -> CandidateVerdict:
     """verify_batch where every row has one candidate, as Algorithm 1 vectorised over depth (rejection_sample's
     steps, with ragged lengths): the same verdict bit for bit, in a dozen tensor operations instead of a dozen per
-    depth (a greedy round of 16 drafts: about 0.3 ms against 6 ms)."""
+    depth (tests/test_candidates.py times both)."""
     tokens, lengths = draft_token_ids[:, 0], draft_lengths[:, 0]  # [B, K], [B]
     draft, target = draft_probs[:, 0], target_probs[:, 0]  # [B, K, V], [B, K+1, V]
     num_draft = tokens.shape[1]

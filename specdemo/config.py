@@ -69,7 +69,8 @@ class SpeculativeConfig:
     max_new_tokens: int = 128
     max_ngram_size: int = 3  # prompt lookup tries the last 3 tokens as the search key, then fewer...
     min_ngram_size: int = 2  # ...down to 2: one-token matches in free text are mostly noise, and on a CPU a
-    # rejected proposal costs a multi-token pass, dearer than a one-token step (bench --min-ngram-size 1)
+    # rejected proposal costs a multi-token pass, dearer than a one-token step (bench --min-ngram-size 1); with W > 1
+    # the later candidates also follow one-token matches (drafters.NgramDrafter)
     draft_temperature: float | None = None  # None: a draft model samples with the target's settings
     num_candidates: int = 1  # W: drafts per round; the target scores all W in one pass and keeps the best path
     suffix_cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS  # a suffix drafter's memory of earlier outputs

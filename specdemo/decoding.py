@@ -191,7 +191,7 @@ def _row_tensors(
 def _pad_and_verify(inputs: list[tuple[torch.Tensor, ...]], verify: Verify) -> CandidateVerdict:
     """Pad every row to the largest W, K and V' (padding candidates have length 0, so they are never tested; padding
     tokens have p = q = 0, so they are never drawn; a row's draws keep their meaning: test (j, w) reads j*W + w of the
-    row's own W), run the vmapped rule, and name each row's next token in the whole vocabulary."""
+    row's own W), run the rule, and name each row's next token in the whole vocabulary."""
     num_candidates = max(c.shape[0] for c, *_ in inputs)
     depth = max(c.shape[1] for c, *_ in inputs)
     vocab_size = max(p.shape[-1] for *_, p, _, _ in inputs)
