@@ -84,6 +84,7 @@ class Plan:
     expected_tokens: float  # emitted by the round, the bonus or resampled token included
     expected_steps: float  # its cost in one-token target steps: the pass over 1 + W'k tokens
     available_tokens: int  # the longest draft the drafter had to offer
+    step_seconds: float  # t(1) of the costs it planned with: what a step is, in seconds
 
     def describe(self) -> str:
         if self.num_tokens == 0:
@@ -117,7 +118,7 @@ def plan_draft(
     Expected tokens = 1 + the sum over drafted tokens of the chance that they and their prefix are accepted."""
     reach = reach_chances(acceptance)
     available = max(map(len, acceptance), default=0)
-    best = Plan(0, 0, 1.0, 1.0, available)
+    best = Plan(0, 0, 1.0, 1.0, available, costs.step_seconds)
     for num_candidates in range(1, len(acceptance) + 1):
         for num_tokens in range(1, available + 1):
             kept = [row[:num_tokens] for row in reach[:num_candidates]]
@@ -125,7 +126,7 @@ def plan_draft(
             tokens = 1.0 + sum(map(sum, kept))
             steps = costs.steps(1 + drafted)
             if tokens / steps > best.expected_tokens / best.expected_steps:
-                best = Plan(num_tokens, num_candidates, tokens, steps, available)
+                best = Plan(num_tokens, num_candidates, tokens, steps, available, costs.step_seconds)
     return best
 
 

@@ -295,7 +295,7 @@ def plan_line(planned: float, comparison: Comparison | None) -> str:
     line = (
         "**Cost-aware drafting**: each round drafted only as much as this machine's measured pass costs say pays, "
         f"and nothing when drafting was expected to lose (hover a token for its round's choice). The plans expected "
-        f"{planned:.2f}× the target alone"
+        f"{planned:.2f}× the target alone, the prompt's pass counted as measured (both runs read it)"
     )
     if comparison is None:
         return line + "."

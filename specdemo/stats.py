@@ -88,13 +88,21 @@ def run_stats(rounds: Sequence[Round]) -> RunStats:
 
 
 def planned_speedup(rounds: Sequence[Round]) -> float | None:
-    """What a cost-aware drafter expected of the run, in target steps: the sum of its plans' expected tokens over
-    the sum of their expected steps (a round it was not asked to draft is one token for one step); None when no
-    round was planned."""
+    """What a cost-aware drafter expected of the run against the target alone, in target steps; None when no round
+    was planned. Its rounds: the plans' expected tokens over their expected steps (a round it was not asked to
+    draft is one token for one step). The prompt's pass, which both runs make and no plan chooses, counts on both
+    sides as the first round measured it: the plans expect decoding rounds, and a short run spends much of its
+    time reading its prompt."""
     if not any(round_.plan for round_ in rounds):
         return None
     tokens = sum(round_.plan.expected_tokens if round_.plan else 1.0 for round_ in rounds)
-    return tokens / sum(round_.plan.expected_steps if round_.plan else 1.0 for round_ in rounds)
+    steps = sum(round_.plan.expected_steps if round_.plan else 1.0 for round_ in rounds)
+    first = rounds[0].plan
+    if first is None or not first.step_seconds:
+        return tokens / steps
+    prompt = (rounds[0].verify_seconds + rounds[0].other_seconds) / first.step_seconds - first.expected_steps
+    prompt = max(prompt, 0.0)  # the steps the prompt added to the first round, beyond its plan
+    return (tokens + prompt) / (steps + prompt)
 
 
 def expected_tokens_per_round(alpha: float, num_draft_tokens: int) -> float:

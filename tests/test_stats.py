@@ -7,9 +7,17 @@ from dataclasses import replace
 import pytest
 import torch
 
+from specdemo.planning import Plan
 from specdemo.rejection import rejection_sample
 from specdemo.render import summary_markdown
-from specdemo.stats import compare_runs, curve_tokens_per_round, expected_tokens_per_round, median, run_stats
+from specdemo.stats import (
+    compare_runs,
+    curve_tokens_per_round,
+    expected_tokens_per_round,
+    median,
+    planned_speedup,
+    run_stats,
+)
 from tests.conftest import make_round
 
 
@@ -98,6 +106,26 @@ def test_the_speedup_is_tokens_per_pass_over_round_cost():
     assert c.speedup == pytest.approx((10 / 1.135) / (10 / 1.4))  # tokens/s over tokens/s
     assert dict(c.verify_cost_by_k) == pytest.approx({3: 0.165 / 0.1})  # round 0 (the prompt) left out
     assert not c.identical  # the hand-built rounds emit other tokens than the baseline's
+
+
+def test_plans_that_come_true_predict_the_measured_speedup_prompt_pass_included():
+    """Plans whose tokens and steps all come true expect exactly the measured speedup, though the first round
+    also reads a prompt that costs four steps more than its plan: both runs read it, and no plan chooses it."""
+
+    def planned(index, drafts, accepted, kind, tokens, steps, seconds):
+        plan = Plan(len(drafts), 1 if drafts else 0, tokens, steps, len(drafts), step_seconds=0.1)
+        return replace(timed(make_round(index, drafts, accepted, kind, 0.0), verify=seconds), plan=plan)
+
+    speculative = [
+        planned(0, [7, 8], 2, "bonus", 3.0, 1.2, 0.52),  # the prompt pass: 0.5 s alone, and its drafts 0.02 s
+        planned(1, [1, 2, 3], 1, "resampled", 2.0, 1.3, 0.13),
+        planned(2, [], 0, "bonus", 1.0, 1.0, 0.1),
+        planned(3, [4, 5, 6], 3, "bonus", 4.0, 1.3, 0.13),
+    ]
+    measured = compare_runs(speculative, one_token_steps(10, step=0.1, prefill=0.5), num_draft_tokens=3).speedup
+    assert measured == pytest.approx(1.4 / 0.88)
+    assert planned_speedup(speculative) == pytest.approx(measured, rel=1e-9)
+    assert planned_speedup([replace(r, plan=None) for r in speculative]) is None
 
 
 def test_correlated_acceptance_is_explained_by_the_alpha_curve():
