@@ -79,7 +79,10 @@ class SwappingScheduler(Scheduler):
 def crosstalk(scheduler_class: type[Scheduler], target, make_drafter) -> list[int]:
     """The rows whose tokens differ from the same row decoded alone."""
     rows = requests()
-    scheduler = scheduler_class(target, make_drafter(), EOS, threading.Lock(), max_rows=8)
+    models_lock = threading.Lock()
+    scheduler = scheduler_class(target, make_drafter(), EOS, models_lock, max_rows=8)
+    models_lock.acquire()  # the first pass waits 50 ms, so rows 1 and 2 (20 and 40 ms) join a batch still running
+    threading.Timer(0.05, models_lock.release).start()  # on a slow machine row 0 could otherwise end alone first
     results = run_concurrently(scheduler, rows, stagger=0.02)
     assert max(r.num_rows for rounds in results for r in rounds) >= 3, "the rows should have shared passes"
     return [i for i, row in enumerate(rows) if emitted_ids(results[i]) != expected(target, make_drafter, row)]
