@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.costs import measure_pass_seconds
+from specdemo.costs import measure_pass_seconds, measured
 from specdemo.decoding import Round, autoregressive_generate, speculative_generate
 from specdemo.drafter_kinds import DRAFTER_KINDS, build_drafter, is_model_free
 from specdemo.models import LoadedModel, chat_prompt_ids
@@ -127,6 +127,10 @@ def run_bench(
         "max_new_tokens": speculative.max_new_tokens,
         "min_ngram_size": speculative.min_ngram_size,
         "repeats": repeats,
+        # t(n)/t(1) as a cost-aware drafter measured it at load, to set beside the rows' verify_cost_by_k
+        "planner_costs": None
+        if (costs := measured(target.model)) is None
+        else dict(zip(costs.sizes, costs.steps_at, strict=True)),
         "methods": names,
         "rows": rows,
         "summary": summarise(rows, names),

@@ -98,10 +98,10 @@ def planned_speedup(rounds: Sequence[Round]) -> float | None:
     tokens = sum(round_.plan.expected_tokens if round_.plan else 1.0 for round_ in rounds)
     steps = sum(round_.plan.expected_steps if round_.plan else 1.0 for round_ in rounds)
     first = rounds[0].plan
-    if first is None or not first.step_seconds:
+    if first is None:
         return tokens / steps
-    prompt = (rounds[0].verify_seconds + rounds[0].other_seconds) / first.step_seconds - first.expected_steps
-    prompt = max(prompt, 0.0)  # the steps the prompt added to the first round, beyond its plan
+    # the steps the prompt added to the first round, beyond its plan (none, where timing noise says fewer)
+    prompt = max(0.0, (rounds[0].verify_seconds + rounds[0].other_seconds) / first.step_seconds - first.expected_steps)
     return (tokens + prompt) / (steps + prompt)
 
 

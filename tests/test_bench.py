@@ -20,6 +20,7 @@ from specdemo.bench import (
     summarise,
 )
 from specdemo.config import SpeculativeConfig
+from specdemo.costs import pass_costs
 from specdemo.prompts import BenchPrompt, load_prompts
 from tests.conftest import make_round
 
@@ -74,8 +75,10 @@ def test_bench_reports_measured_accounted_and_predicted_speedups(offline_model, 
             json.dumps({"name": "free", "grounded": False, "text": "Write two sentences about rain."}),
         )
     )
+    pass_costs(offline_model.model, 2)  # as a cost-aware drafter measures at load (once per model object)
     results = run_bench(offline_model, None, SpeculativeConfig(max_new_tokens=24), repeats=1, prompts=prompts)
     assert [row["prompt"] for row in results["rows"]] == ["copy", "free"]
+    assert results["planner_costs"][1] == 1.0 and results["planner_costs"][2] >= 1.0  # t(n)/t(1), from the load
     for row in results["rows"]:
         assert row["identical"]
         assert row["measured_speedup"] > 0 and row["predicted_speedup"] > 0
