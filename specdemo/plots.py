@@ -75,9 +75,10 @@ def acceptance_figure(rounds: Sequence[Round]) -> go.Figure:
     )
 
 
-def latency_figure(rounds: Sequence[Round]) -> go.Figure:
+def latency_figure(rounds: Sequence[Round], baseline: Sequence[Round] = ()) -> go.Figure:
     """Milliseconds per round, stacked by phase: drafting, target verification, everything else; rounds whose pass
-    was shared with other runs are marked with their number of rows."""
+    was shared with other runs are marked with their number of rows; the target alone's steps (one token each) as a
+    line, once it runs."""
     numbers = [round_.index + 1 for round_ in rounds]
     traces = [
         {
@@ -102,6 +103,17 @@ def latency_figure(rounds: Sequence[Round]) -> go.Figure:
                 "marker": {"symbol": "triangle-down", "color": COLOURS["shared"]},
                 "name": "shared pass (×rows)",
                 "hovertemplate": "round %{x}: pass shared by %{text} rows<extra></extra>",
+            }
+        )
+    if baseline:
+        traces.append(
+            {
+                "type": "scatter",
+                "x": [round_.index + 1 for round_ in baseline],
+                "y": [1e3 * round_.wall_seconds for round_ in baseline],
+                "name": "target alone",
+                "mode": "lines",
+                "line": {"color": COLOURS["baseline"], "width": 1.5},
             }
         )
     return _figure(traces, "Latency per round by phase", xaxis="round", yaxis="ms")
@@ -176,6 +188,15 @@ def throughput_figure(rounds: Sequence[Round], baseline: Sequence[Round] = ()) -
         if run
     ]
     return _figure(traces, "Tokens over time", xaxis="seconds", yaxis="tokens generated")
+
+
+def waiting(figure: go.Figure) -> go.Figure:
+    """An empty chart drawn at page load, before any run: its title and a line saying what fills it, no axes. Drawn
+    then, plotly loads and lays out the charts before a timed run, not during one."""
+    figure.update_xaxes(visible=False).update_yaxes(visible=False)
+    return figure.add_annotation(
+        text="fills as the rounds arrive", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper"
+    )
 
 
 def _candidate_methods(sweep: dict) -> list[tuple[int, str]]:

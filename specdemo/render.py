@@ -149,6 +149,16 @@ def html_spans(spans: Sequence[TokenSpan], round_marks: bool = True) -> str:
     return "".join(pieces)
 
 
+def alone_html(label: str, text: str, num_tokens: int, running: bool) -> str:
+    """A comparison run's text (the target or the draft model alone) under the speculative run's tokens: open and
+    growing while it decodes, folded once it is done (the summary says whether the texts agree)."""
+    state = f"decoding, {num_tokens} tokens so far" if running else f"{num_tokens} tokens"
+    return (
+        f'<details class="alone"{" open" if running else ""}><summary>The {html.escape(label)}: {state}</summary>'
+        f'<div class="alone-text">{html.escape(text, quote=True)}</div></details>'
+    )
+
+
 LEGEND_HTML = " ".join(
     f'<span class="tok tok-{kind}" title="{meaning}">{kind}</span>'
     for kind, meaning in (
@@ -168,6 +178,8 @@ TOKEN_CSS = """
 .tok-rejected { background: rgba(220, 50, 50, .28); text-decoration: line-through; opacity: .8; }
 .tok-resampled { background: rgba(235, 160, 20, .38); }
 .tok-bonus { background: rgba(50, 120, 230, .32); }
+.alone { margin-top: 0.8em; color: rgb(128, 128, 128); }
+.alone summary { cursor: pointer; font-family: sans-serif; font-size: 0.9em; }
 .round-sep { display: inline-block; width: 0; height: 1.2em; margin: 0 2px; vertical-align: middle;
              border-left: 1px dashed rgba(128, 128, 128, .7); }
 """

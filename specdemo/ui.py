@@ -50,6 +50,7 @@ from specdemo.plots import (
     latency_figure,
     positions_figure,
     throughput_figure,
+    waiting,
 )
 from specdemo.prompts import check_prompt_lines
 from specdemo.render import (
@@ -58,6 +59,7 @@ from specdemo.render import (
     LEGEND_HTML,
     TOKEN_CSS,
     Divergence,
+    alone_html,
     candidates_html,
     cut_note,
     first_difference,
@@ -466,12 +468,13 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                         min_height=80,
                     )
                     summary = gr.Markdown(elem_id="summary")
+                    empty = [waiting(figure) for figure in charts([], SpeculativeConfig().num_draft_tokens)]
                     with gr.Row():
-                        acceptance = gr.Plot(elem_id="acceptance-chart", show_label=False)
-                        latency = gr.Plot(elem_id="latency-chart", show_label=False)
+                        acceptance = gr.Plot(empty[0], elem_id="acceptance-chart", show_label=False)
+                        latency = gr.Plot(empty[1], elem_id="latency-chart", show_label=False)
                     with gr.Row():
-                        positions = gr.Plot(elem_id="positions-chart", show_label=False)
-                        throughput = gr.Plot(elem_id="throughput-chart", show_label=False)
+                        positions = gr.Plot(empty[2], elem_id="positions-chart", show_label=False)
+                        throughput = gr.Plot(empty[3], elem_id="throughput-chart", show_label=False)
                     with gr.Accordion("Candidates of each round (W)", open=False):
                         candidates = gr.HTML("", css_template=theme_css, elem_id="candidates")
                         if sweep is not None:
@@ -691,12 +694,10 @@ def stream_run(run: Run) -> Iterator[tuple]:
     # before a first, cheap update.
     yield "", in_progress("", "Decoding"), *unchanged_charts()
     rounds, tokens_html, summary, out_of_time = yield from stream_speculative(run)
-    baseline: list[Round] = []
-    draft_alone: list[Round] = []
+    alone: dict[str, list[Round]] = {}
     if request.compare and not out_of_time:
-        streamed = in_progress(summary, "Now decoding alone, to compare")
-        yield tokens_html, streamed, *charts(rounds, request.speculative.num_draft_tokens), gr.skip(), gr.skip()
-        baseline, draft_alone, out_of_time = yield from stream_comparisons(run, tokens_html, summary)
+        alone, out_of_time = yield from stream_comparisons(run, rounds, tokens_html, summary)
+    baseline, draft_alone = alone.get("target alone", []), alone.get("draft alone", [])
     num_draft_tokens = request.speculative.num_draft_tokens
     shared = sharing_note(rounds, baseline) if baseline else None
     comparison = compare_runs(rounds, baseline, num_draft_tokens) if baseline and not shared else None
@@ -722,6 +723,7 @@ def stream_run(run: Run) -> Iterator[tuple]:
         )
         gr.Warning(note)
         summary = f"**{note}**\n\n{summary}"
+    tokens_html += alone_blocks(run, alone, running=None)
     trace = _trace_file(request, run.target, run.prompt_ids[0].tolist(), rounds, baseline)
     yield (
         tokens_html,
@@ -760,24 +762,51 @@ def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], st
 
 
 def stream_comparisons(
-    run: Run, tokens_html: str, summary: str
-) -> Generator[tuple, None, tuple[list[Round], list[Round], bool]]:
+    run: Run, speculative_rounds: list[Round], tokens_html: str, summary: str
+) -> Generator[tuple, None, tuple[dict[str, list[Round]], bool]]:
     """Decode with the target alone, then the draft model alone, as rows that draft nothing in the same schedulers
-    as other runs; none starts after the deadline and a running one stops at it. Returns their rounds (none when the
-    deadline came first) and whether it did."""
-    collected: dict[str, list[Round]] = {}  # by label
+    as other runs, streamed as the speculative run was: the text under its tokens at the same pace, and the latency
+    and throughput charts at the same pace as its charts. So the page's drawing loads both runs alike when the browser
+    shares the server's cores (`make demo` on a laptop), and the speedup compares like with like (the README has the
+    figures). None starts after the deadline and a running one stops at it. Returns their rounds by label (none when the deadline came first) and
+    whether it did."""
+    collected: dict[str, list[Round]] = {}
     prompt_ids = run.prompt_ids[0].tolist()
+    num_draft_tokens = run.request.speculative.num_draft_tokens
+    first_charts = True  # all four then: the speculative run's last rounds may not be drawn yet
     for label, model, draft, sampling in comparison_runs(run.request, run.target, run.draft):
         rounds = collected.setdefault(label, [])
         speculative = SpeculativeConfig(max_new_tokens=run.request.speculative.max_new_tokens)
         stream = run.submit(model, draft, DecodeRequest(prompt_ids, sampling, speculative, drafting=False))
-        for batch in stream.rounds(CHART_INTERVAL_SECONDS):  # Stop works here too
+        last_chart = 0.0
+        for batch in stream.rounds(TOKENS_INTERVAL_SECONDS):  # Stop works here too
             rounds.extend(batch)
-            note = f"Now decoding with the {label}, to compare: {len(rounds)} tokens"
-            yield tokens_html, in_progress(summary, note), *unchanged_charts()
+            page = tokens_html + alone_blocks(run, collected, running=label)
+            streamed = in_progress(summary, f"Now decoding with the {label}, to compare: {len(rounds)} tokens")
+            # two of the four charts change: drawn twice as often, the page draws as many charts a second as before
+            if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS / 2 * max(1, stream.scheduler.num_rows):
+                last_chart = time.monotonic()
+                baseline = collected["target alone"]
+                figures = charts(speculative_rounds, num_draft_tokens, baseline)
+                if not first_charts:
+                    figures = (gr.skip(), figures[1], gr.skip(), figures[3])
+                first_charts = False
+                yield page, streamed, *figures, gr.skip(), gr.skip()
+            else:
+                yield page, streamed, *unchanged_charts()
         if stream.out_of_time:  # an unfinished comparison would compare unlike things
-            return [], [], True
-    return collected["target alone"], collected.get("draft alone", []), False
+            return {}, True
+    return collected, False
+
+
+def alone_blocks(run: Run, alone: dict[str, list[Round]], running: str | None) -> str:
+    """The comparison runs' texts, in the order they ran; `running` names the one still decoding."""
+    decode = partial(run.target.tokenizer.decode, skip_special_tokens=False)  # a draft model shares the tokenizer
+    return "".join(
+        alone_html(label, decode(ids := emitted_ids(rounds)), len(ids), running=label == running)
+        for label, rounds in alone.items()
+        if rounds
+    )
 
 
 def comparison_runs(
@@ -821,7 +850,7 @@ def charts(rounds: list[Round], num_draft_tokens: int, baseline: list[Round] | N
     """The four charts of the run (the throughput one against the target alone, when it ran)."""
     return (
         acceptance_figure(rounds),
-        latency_figure(rounds),
+        latency_figure(rounds, baseline or []),
         positions_figure(rounds, num_draft_tokens),
         throughput_figure(rounds, baseline or []),
     )

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import gradio as gr
 import httpx
+import plotly.graph_objects as go
 import pytest
 import torch
 from gradio_client import Client
@@ -50,9 +51,9 @@ def cli_run(capsys, prompt: str, **options: object) -> dict:
 def test_a_run_streams_growing_tokens_and_ends_with_every_output(client):
     job = client.submit(**settings(), api_name="/generate")
     updates = list(job)
-    tokens = [update[0] for update in updates]
+    tokens = [update[0].split('<details class="alone"')[0] for update in updates]  # the target alone's text aside
     assert len(updates) >= 3
-    assert all(len(earlier) <= len(later) for earlier, later in itertools.pairwise(tokens))
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(tokens))
     assert 'class="tok tok-' in tokens[-1] and "title=" in tokens[-1]
     assert all(update[1].endswith("…*") for update in updates[:-1])  # a streamed summary says it is not the last
     final = job.outputs()[-1]
@@ -135,6 +136,26 @@ def test_the_suffix_pair_shows_each_rounds_choice_and_what_its_plans_expected(cl
     assert "the two texts are **identical**" in summary
     plans = [r["plan"] for r in trace["rounds"] if r["plan"]]
     assert plans and any(p["num_tokens"] > 5 for p in plans), [p["says"] for p in plans]
+
+
+def test_the_target_alone_streams_as_the_speculative_run_did(offline_model):
+    """The comparison run loads the page as the speculative run did (its text every batch, two charts twice as
+    often), so a browser on the server's cores slows both alike; its text stays, folded, under the tokens."""
+    request = ui.parse_request(*settings(max_new_tokens=24).values())
+    prompt_ids = chat_prompt_ids(offline_model, request.prompt)
+    run = ui.Run(request, offline_model, None, prompt_ids, Schedulers(), time.monotonic() + 60)
+    updates = list(ui.stream_run(run))
+    comparing = [u for u in updates if "Now decoding with the target alone" in u[1]]
+    so_far = [int(u[0].split("decoding, ")[1].split(" tokens so far")[0]) for u in comparing]
+    assert len(comparing) >= 3 and so_far == sorted(so_far) and so_far[-1] > so_far[0], so_far
+    assert all(u[0].startswith(comparing[0][0].split('<details class="alone" open>')[0]) for u in comparing)
+    drawn = [u for u in comparing if isinstance(u[3], go.Figure)]  # the latency chart
+    assert len(drawn) >= 2 and all(isinstance(u[5], go.Figure) for u in drawn)  # and the tokens over time
+    assert [t["name"] for t in drawn[-1][3].data][-1] == "target alone"
+    growth = [len(u[5].data[-1].x) for u in drawn]  # the target alone's line in the tokens-over-time chart
+    assert growth[-1] > growth[0], growth
+    final = updates[-1][0]
+    assert final.endswith("</details>") and '<details class="alone"><summary>The target alone: 24 tokens' in final
 
 
 def test_a_greedy_difference_is_located_with_the_targets_top_two_there(offline_model):

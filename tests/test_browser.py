@@ -65,6 +65,10 @@ def run_first_example(page) -> None:
 def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
     ARTIFACTS.mkdir(exist_ok=True)
     page = open_page(browser, app)
+    for chart in ("#acceptance-chart", "#latency-chart", "#positions-chart", "#throughput-chart"):
+        # drawn empty at load, so plotly's first drawing does not take the cores during a timed run
+        page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg", timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "before-a-run.png"), full_page=True)
     run_first_example(page)
     kinds = page.eval_on_selector_all("#tokens .tok", "spans => [...new Set(spans.map(s => s.classList[1]))]")
     assert "tok-accepted" in kinds and ("tok-bonus" in kinds or "tok-resampled" in kinds)
@@ -76,6 +80,7 @@ def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
     for chart in ("#acceptance-chart", "#latency-chart"):
         page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg", timeout=30_000)
     assert "identical" in page.inner_text("#summary")
+    assert page.inner_text("#tokens details.alone summary").startswith("The target alone: ")  # its text, folded
     screenshot_light_and_dark(page, "run")
     page.close()
 
