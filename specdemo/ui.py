@@ -768,8 +768,8 @@ def stream_comparisons(
     as other runs, streamed as the speculative run was: the text under its tokens at the same pace, and the latency
     and throughput charts at the same pace as its charts. So the page's drawing loads both runs alike when the browser
     shares the server's cores (`make demo` on a laptop), and the speedup compares like with like (the README has the
-    figures). None starts after the deadline and a running one stops at it. Returns their rounds by label (none when the deadline came first) and
-    whether it did."""
+    figures). None starts after the deadline and a running one stops at it. Returns their rounds by label (none when
+    the deadline came first) and whether it did."""
     collected: dict[str, list[Round]] = {}
     prompt_ids = run.prompt_ids[0].tolist()
     num_draft_tokens = run.request.speculative.num_draft_tokens
