@@ -179,7 +179,9 @@ class TreeCachedModel:
         region = self.tokens[:, self.settled :]  # [B, R]
         kept = [(region[b] != HOLE).nonzero().flatten().tolist() for b in range(len(self.rows))]
         width = max((len(k) for k in kept), default=0)
-        if any(k != list(range(region.shape[1])) for k in kept):
+        if all(k == list(range(len(k))) for k in kept) and width < region.shape[1]:
+            self._truncate(self.settled + width)  # holes at the ends only (a chain's rejected tail): nothing moves
+        elif any(k != list(range(region.shape[1])) for k in kept):
             index = torch.tensor(  # [B, R'] the old slot of each new one; padding repeats slot 0 of the region
                 [[self.settled + s for s in k] + [self.settled] * (width - len(k)) for k in kept], dtype=torch.long
             ).reshape(len(kept), width)
@@ -202,6 +204,12 @@ class TreeCachedModel:
         if is_tree.numel():
             first_tree = torch.where(is_tree.any(dim=1), is_tree.long().argmax(dim=1), is_tree.shape[1])  # [B]
             self.settled += int(first_tree.min())
+
+    def _truncate(self, length: int) -> None:
+        """Every table and layer cut to the first `length` slots (views: the next pass copies the cache anyway)."""
+        self.tokens, self.positions, self.parents = (t[:, :length] for t in (self.tokens, self.positions, self.parents))
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
 
     def _gather(self, table: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
         """table with the slots from `settled` on replaced by index's ([B, R']), along dim (rows are dim 0)."""
@@ -235,9 +243,9 @@ class TreeCachedModel:
         num_branch_slots = max(sum(map(len, branches)) for branches in fed_branches)  # C
         width = max(1, *map(len, fed_trunks)) + num_branch_slots  # n: the trunk-end column exists, fed or not
         trunk_end_col = width - num_branch_slots - 1
-        tokens = torch.full((len(requests), width), HOLE, dtype=torch.long)  # [B, n]
-        positions = torch.zeros_like(tokens)  # [B, n]
-        parents = torch.full_like(tokens, NO_PARENT)  # [B, n]
+        tokens = [[HOLE] * width for _ in requests]  # [B, n], built as lists: one tensor each in the end
+        positions = [[0] * width for _ in requests]  # [B, n]
+        parents = [[NO_PARENT] * width for _ in requests]  # [B, n]
         columns: list[list[list[int]]] = []  # per row and branch, the column of each fed branch token
         for b, (request, fed_trunk, branches) in enumerate(zip(requests, fed_trunks, fed_branches, strict=True)):
             row = self.rows[b]
@@ -245,21 +253,25 @@ class TreeCachedModel:
                 columns.append([])
                 continue
             first = trunk_end_col + 1 - len(fed_trunk)
-            tokens[b, first : trunk_end_col + 1] = torch.tensor(fed_trunk, dtype=torch.long)
-            positions[b, first : trunk_end_col + 1] = torch.arange(len(row.trunk_ids), len(request.trunk_ids))
+            tokens[b][first : trunk_end_col + 1] = fed_trunk
+            positions[b][first : trunk_end_col + 1] = range(len(row.trunk_ids), len(request.trunk_ids))
             trunk_end = self.length + trunk_end_col if fed_trunk else row.trunk_end
             column, row_columns = trunk_end_col + 1, []
             for branch, full, (matched, node) in zip(branches, request.branch_ids, starts[b], strict=True):
                 parent = node if matched else trunk_end
                 row_columns.append(list(range(column, column + len(branch))))
                 for depth, token in enumerate(branch, start=matched):
-                    tokens[b, column], parents[b, column] = token, parent
-                    positions[b, column] = len(request.trunk_ids) + depth
+                    tokens[b][column], parents[b][column] = token, parent
+                    positions[b][column] = len(request.trunk_ids) + depth
                     parent, column = self.length + column, column + 1
                 assert len(full) == matched + len(branch)
             columns.append(row_columns)
             row.trunk_ids, row.trunk_end = list(request.trunk_ids), trunk_end
-        logits = self._forward(tokens, positions, parents, num_logits=num_branch_slots + 1)  # [B, C+1, V]
+        tables = (
+            torch.tensor(table, dtype=torch.long).reshape(len(requests), width)
+            for table in (tokens, positions, parents)
+        )
+        logits = self._forward(*tables, num_logits=num_branch_slots + 1)  # [B, C+1, V]
         self.last_input_lengths = {
             key: prefilled.get(key, 0) + len(t) + sum(map(len, br))
             for key, t, br in zip(self.row_keys, fed_trunks, fed_branches, strict=True)
@@ -359,9 +371,13 @@ class TreeCachedModel:
         parents = torch.where(parents == NO_PARENT, length, parents)  # [B, L+1]
         ancestors = torch.zeros(len(self.rows), num_new, length + 1, dtype=torch.bool, device=self.device)
         current = queries.expand(len(self.rows), num_new).contiguous()  # [B, n]
-        while bool((current < length).any()):
+        for _ in range(length + 1):  # a parent sits before its child, so every chain ends within L steps
+            if not bool((current < length).any()):
+                break
             ancestors.scatter_(2, current[..., None], True)
             current = parents.gather(1, current)
+        else:
+            raise AssertionError("a slot's parents lead back to it: the cache's tree is corrupt")
         visible |= ancestors[..., :length]
         masks = {}
         for kind in self.layer_kinds:
