@@ -138,9 +138,11 @@ def test_the_suffix_pair_shows_each_rounds_choice_and_what_its_plans_expected(cl
     assert plans and any(p["num_tokens"] > 5 for p in plans), [p["says"] for p in plans]
 
 
-def test_the_target_alone_streams_as_the_speculative_run_did(offline_model):
-    """The comparison run loads the page as the speculative run did (its text every batch, two charts twice as
-    often), so a browser on the server's cores slows both alike; its text stays, folded, under the tokens."""
+def test_the_target_alone_streams_as_the_speculative_run_did(offline_model, monkeypatch):
+    """The comparison run loads the page as the speculative run did (its text every batch, two charts at the same
+    pace), so a browser on the server's cores slows both alike; its text stays, folded, under the tokens."""
+    monkeypatch.setattr(ui, "TOKENS_INTERVAL_SECONDS", 0.02)  # several updates on any device
+    monkeypatch.setattr(ui, "CHART_INTERVAL_SECONDS", 0.1)
     request = ui.parse_request(*settings(max_new_tokens=24).values())
     prompt_ids = chat_prompt_ids(offline_model, request.prompt)
     run = ui.Run(request, offline_model, None, prompt_ids, Schedulers(), time.monotonic() + 60)
