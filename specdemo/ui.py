@@ -90,10 +90,9 @@ except ImportError:
 CUSTOM = "custom"
 UI_MAX_NEW_TOKENS = 512  # the slider's end: a run stays well under a minute on a CPU
 CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~3 ms to build four): at most 2 updates a second, shared
-# by the rows of a batch (each of 8 rows' pages gets one every 4 s), as are the tokens' updates. Two charts are redrawn
-# while a run decodes (the speculative run's acceptance and latency, the target alone's latency and tokens over time),
-# all four when it ends: redrawing is most of a browser's work (plotly), so both timed runs load a browser on the
-# server's cores alike (`make demo` on a laptop), at half the cost of four.
+# by the rows of a batch (each of 8 rows' pages gets one every 4 s), as are the tokens' updates. The target alone
+# redraws the two charts it changes twice as often, so both timed runs load a browser on the server's cores alike
+# (`make demo` on a laptop): plotly is most of the page's script time.
 TOKENS_INTERVAL_SECONDS = 0.1  # tokens stream in batches of rounds, so the page's work never slows the engine
 RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one at a time on ZeroGPU)
 QUEUE_SIZE = 16  # waiting runs beyond this are told the queue is full
@@ -756,12 +755,12 @@ def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], st
         if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS * max(1, stream.scheduler.num_rows):
             last_chart = time.monotonic()
             candidates = candidates_html(rounds, decode)
-            live = acceptance_figure(rounds), latency_figure(rounds)  # the other two at the end
-            yield tokens_html, streamed, *live, gr.skip(), gr.skip(), gr.skip(), candidates
+            yield tokens_html, streamed, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates
         else:
             yield tokens_html, streamed, *unchanged_charts()
     candidates = candidates_html(rounds, decode)  # every round's, the last included
-    yield tokens_html, in_progress(summary, f"Decoded {len(emitted)} tokens"), *unchanged_charts()[:-1], candidates
+    final = in_progress(summary, f"Decoded {len(emitted)} tokens")
+    yield tokens_html, final, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates
     return rounds, tokens_html, summary, stream.out_of_time
 
 
@@ -769,8 +768,9 @@ def stream_comparisons(
     run: Run, speculative_rounds: list[Round], tokens_html: str, summary: str
 ) -> Generator[tuple, None, tuple[dict[str, list[Round]], bool]]:
     """Decode with the target alone, then the draft model alone, as rows that draft nothing in the same schedulers
-    as other runs, streamed as the speculative run was: the text under its tokens at the same pace, and two charts at
-    the same pace as its two (see CHART_INTERVAL_SECONDS), so the speedup compares runs that loaded the page alike.
+    as other runs, streamed as the speculative run was: the text under its tokens at the same pace, and the two charts
+    it changes redrawn twice as often as that run's four (see CHART_INTERVAL_SECONDS), so the speedup compares runs
+    that loaded the page alike.
     None starts after the deadline and a running one stops at it. Returns their rounds by label (none when the
     deadline came first) and whether it did."""
     collected: dict[str, list[Round]] = {}
@@ -784,7 +784,8 @@ def stream_comparisons(
             rounds.extend(batch)
             page = tokens_html + alone_blocks(run, collected, running=label)
             streamed = in_progress(summary, f"Now decoding with the {label}, to compare: {len(rounds)} tokens")
-            if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS * max(1, stream.scheduler.num_rows):
+            # the two charts it changes, twice as often: as many charts a second as the speculative run's four
+            if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS / 2 * max(1, stream.scheduler.num_rows):
                 last_chart = time.monotonic()
                 baseline = collected["target alone"]
                 live = latency_figure(speculative_rounds, baseline), throughput_figure(speculative_rounds, baseline)
