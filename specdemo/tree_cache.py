@@ -17,6 +17,7 @@ from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 HOLE = -1  # the token of a slot nobody may attend to: padding, a rejected draft, a branch no longer asked for
 NO_PARENT = -1  # the parent of trunk slots (visible to every later slot) and of holes
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
+COMPACT_AFTER_HOLES = 64  # the whole cache is compacted once the widest row leaves this many holes and half itself
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,12 @@ class TreeCachedModel:
 
     def _squeeze(self, starts: list[list[tuple[int, int]]]) -> None:
         """Move each row's kept slots since `settled` to the front, drop the holes after the longest row, and
-        settle the slots before the first tree slot of any row."""
+        settle the slots before the first tree slot of any row. Rows that joined (their prompts' slots are holes in
+        every other row) and rows that left leave holes before `settled` too: once they outgrow the widest row by
+        half, every slot is squeezed, so a batch that people keep joining attends over what its rows hold."""
+        widest = int((self.tokens != HOLE).sum(dim=1).max()) if self.length else 0
+        if self.length - widest > max(COMPACT_AFTER_HOLES, widest // 2):
+            self.settled = 0
         region = self.tokens[:, self.settled :]  # [B, R]
         kept = [(region[b] != HOLE).nonzero().flatten().tolist() for b in range(len(self.rows))]
         width = max((len(k) for k in kept), default=0)

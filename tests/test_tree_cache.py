@@ -14,13 +14,13 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3NextConfig, Q
 
 from specdemo.__main__ import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import Round, autoregressive_generate, speculative_generate
+from specdemo.decoding import BatchDecoder, Round, autoregressive_generate, speculative_generate
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.models import LoadedModel, chat_prompt_ids, load_model
 from specdemo.offline import OFFLINE_MODELS, package_dir
 from specdemo.pairs import find_pair, make_drafter
 from specdemo.stats import emitted_ids
-from specdemo.tree_cache import RowRequest, TreeCachedModel, attention_kinds
+from specdemo.tree_cache import COMPACT_AFTER_HOLES, HOLE, NO_PARENT, RowRequest, TreeCachedModel, attention_kinds
 from tests.conftest import hf_greedy, tiny_model
 
 GREEDY = SamplingConfig()
@@ -79,10 +79,13 @@ def rejections_past(rounds: list[Round], prompt_length: int, window: int) -> lis
     return positions
 
 
+@pytest.mark.parametrize("compact_after_holes", [COMPACT_AFTER_HOLES, 2])
 @pytest.mark.parametrize("model_kind", ["llama", "gemma-window-8"])
-def test_tree_cache_logits_equal_uncached_logits(model_kind):
+def test_tree_cache_logits_equal_uncached_logits(model_kind, compact_after_holes, monkeypatch):
     """Random rows join, sit passes out, grow through their branches and leave; logits stay those of the row alone,
-    also for a sliding-window model far past its window (holes in the cache must not count as tokens)."""
+    also for a sliding-window model far past its window (holes in the cache must not count as tokens), and when the
+    whole cache is compacted often, branches kept across it included."""
+    monkeypatch.setattr("specdemo.tree_cache.COMPACT_AFTER_HOLES", compact_after_holes)
     model = tiny_model(0) if model_kind == "llama" else tiny_gemma(1)
     cached, rng, worst = TreeCachedModel(model), random.Random(0), 0.0
     rows = {key: [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 9))] for key in range(3)}
@@ -98,7 +101,12 @@ def test_tree_cache_logits_equal_uncached_logits(model_kind):
         for key in keys:
             branches = [[rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(0, 3))]
             asked[key] = RowRequest(rows[key], branches, rng.choice(["all", "tips"]))
-        for (key, request), logits in zip(asked.items(), cached.logits(asked), strict=True):
+        all_logits = cached.logits(asked)
+        is_tree = (cached.tokens != HOLE) & (cached.parents != NO_PARENT)
+        for b, slot in is_tree.nonzero().tolist():  # a branch token hangs from an earlier token of its own row
+            parent = int(cached.parents[b, slot])
+            assert parent < slot and int(cached.tokens[b, parent]) != HOLE, (step, b, slot, parent)
+        for (key, request), logits in zip(asked.items(), all_logits, strict=True):
             for w, branch in enumerate(request.branch_ids or [[]]):
                 depths = range(len(branch) + 1) if request.logits_for == "all" else [len(branch)]
                 for depth in depths:
@@ -147,6 +155,39 @@ def test_rows_with_the_same_prompt_read_it_once():
         for key, row_logits in enumerate(logits):
             alone = model(torch.tensor([[*prompt, key + 1]])).logits[0, -2:]
             assert torch.allclose(row_logits[0], alone, atol=1e-9), key
+
+
+@pytest.mark.parametrize("drafter_kind", ["ngram", "model"])
+def test_a_batch_that_rows_keep_joining_attends_over_what_its_rows_hold(tiny_target, tiny_draft, drafter_kind):
+    """Twenty rows pass through a batch of three, each joining as another leaves (continuous batching, as the app's
+    scheduler runs). Every joining prompt and every row that left leaves holes in the other rows, in the target's
+    cache and in the draft model's; each is compacted, so it stays within half the widest row (or
+    COMPACT_AFTER_HOLES) of it, and every row still emits what it emits alone, with two candidates, sampled and
+    greedy rows. Without compaction the target's cache outgrew that allowance 6.6 times over."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(12, 30))] for _ in range(20)]
+    samplings = [SamplingConfig(temperature=0.9 * (i % 2), seed=i) for i in range(20)]
+    spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=16, num_candidates=2, min_ngram_size=1)
+
+    def drafter() -> NgramDrafter | ModelDrafter:
+        return NgramDrafter(3, 1) if drafter_kind == "ngram" else ModelDrafter(tiny_draft, None, TINY_VOCAB)
+
+    decoder, waiting, batched, excess = BatchDecoder(tiny_target, drafter(), NO_EOS), list(range(20)), {}, []
+    caches = [decoder.verifier] + ([decoder.drafter.cached] if drafter_kind == "model" else [])
+    while waiting or decoder.rows:
+        while waiting and len(decoder.rows) < 3:
+            row = waiting.pop(0)
+            decoder.add(row, prompts[row], samplings[row], spec)
+        for row, round_ in decoder.step():
+            batched.setdefault(row, []).append(round_)
+        for cache in caches:
+            widest = int((cache.tokens != HOLE).sum(dim=1).max()) if cache.length else 0
+            excess.append((cache.length - widest) / max(COMPACT_AFTER_HOLES, widest // 2))
+    assert max(excess) <= 1.2, f"a cache outgrew its widest row by {max(excess):.1f} times the allowance"
+    for row in range(20):
+        prompt = torch.tensor([prompts[row]])
+        alone = speculative_generate(tiny_target, drafter(), prompt, samplings[row], spec, NO_EOS)
+        assert emitted_ids(batched[row]) == emitted_ids(alone), f"row {row}"
 
 
 def test_tiny_greedy_parity_past_the_window(gemma_target):
