@@ -351,7 +351,12 @@ def batch_bench_command(args: argparse.Namespace, prompts: tuple) -> int:
     results = run_batch_bench(
         target, draft, speculative, prompts, batch_sizes, candidates, args.repeats, _progress, pair
     )
-    results.update(pair=pair.key, model=target.description, max_new_tokens=speculative.max_new_tokens)
+    results.update(
+        date=time.strftime("%Y-%m-%d"),
+        pair=pair.key,
+        model=target.description,
+        max_new_tokens=speculative.max_new_tokens,
+    )
     print(batch_table(results["rows"], results["methods"]))
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)

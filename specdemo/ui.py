@@ -267,7 +267,8 @@ def sweep_caption(sweep: dict | None) -> str:
     if sweep is None:
         return "No measured sweep here: run `python -m specdemo bench --batch-sizes 1,2,4,8 --num-candidates 1,2,4`."
     return (
-        f"Measured with `bench --batch-sizes` on {sweep.get('model', 'this machine')}: {sweep['pair']}, greedy, "
+        f"Measured{' on ' + sweep['date'] if 'date' in sweep else ''} with `bench --batch-sizes` on "
+        f"{sweep.get('model', 'this machine')}: {sweep['pair']}, greedy, "
         f"{sweep['max_new_tokens']} new tokens, the same {sweep['rows'][0]['num_prompts']} prompts at every B. Where "
         "the speculative line falls under target-only, drafting costs more than it wins at that batch size. Batches "
         "here cut their drafts for shared passes, as the sweep's line of that name did."
