@@ -632,6 +632,7 @@ def batch_summary(lanes: list[list[Round]], total_tokens: int, seconds: float, n
         lines.append(f"| {number} | {stats.num_generated} | {len(lane)} | {stats.alpha:.2f} | {per_pass:.2f} |")
     widest = max((r.num_rows for lane in lanes for r in lane), default=1)
     cut = sum(r.cut is not None for lane in lanes for r in lane)
+    longest = max(range(len(lanes)), key=lambda i: len(lanes[i]))  # its rounds are the batch's
     lines += [
         "",
         f"**The batch: {total_tokens} tokens in {seconds:.2f} s, {total_tokens / seconds:.1f} tokens/s in all**; the "
@@ -642,6 +643,10 @@ def batch_summary(lanes: list[list[Round]], total_tokens: int, seconds: float, n
             if cut
             else "."
         ),
+        "",
+        f"The batch took as many rounds as its longest lane, lane {longest + 1}: {len(lanes[longest])} target passes "
+        f"for {len(emitted_ids(lanes[longest]))} tokens. Drafting shortens a batch only as far as it shortens that "
+        "lane; drafts in the other lanes make the shared passes wider.",
         "",
         f"Number format: {number_format}.",
     ]

@@ -26,6 +26,7 @@ from tests.conftest import (
     STORY,
     assert_engine_stops_within_a_second,
     count_rounds,
+    make_round,
     settings,
     trace_of,
     wait_for_rounds,
@@ -254,6 +255,18 @@ def test_generate_batch_by_name_returns_one_result_per_prompt(client):
         api_name="/generate_batch",
     )[3]
     assert [r["token_ids"] for r in again] == [r["token_ids"] for r in results]
+
+
+def test_the_batch_summary_names_the_lane_whose_rounds_were_the_batchs():
+    """A batch takes as many rounds as its longest lane: lane 2 here (3 passes for 5 tokens), although lane 1 emitted
+    more tokens in fewer passes."""
+    lanes = [
+        [make_round(0, [1, 2, 3, 4, 5], 5, "bonus", 0.1)],
+        [make_round(i, [7], 1 if i < 2 else 0, "resampled", 0.1) for i in range(3)],
+        [make_round(0, [], 0, "bonus", 0.1), make_round(1, [], 0, "bonus", 0.1)],
+    ]
+    summary = ui.batch_summary(lanes, 13, 1.0, "float32")
+    assert "longest lane, lane 2: 3 target passes for 5 tokens" in summary, summary
 
 
 def test_bad_batches_get_one_sentence_and_the_app_keeps_serving(client):
