@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--draft-temperature", type=float, help="a draft model's own temperature (default: the pair's)")
     bench.add_argument("--repeats", type=int, default=2, help="timed runs of each method per prompt (median)")
     bench.add_argument("--output", default="bench-results/bench.json", help="where the JSON results go")
-    bench.add_argument("--markdown", metavar="JSON", help="print the README table of an earlier run's JSON and exit")
+    bench.add_argument("--markdown", metavar="JSON", help="print the table of an earlier run's JSON and exit")
     bench.add_argument("--app", action="store_true", help="measure the app's streaming overhead instead")
     bench.add_argument(
         "--pass-costs", action="store_true", help="measure t(k)/t(1), a k-token forward pass over a one-token one"

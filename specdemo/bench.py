@@ -298,7 +298,7 @@ def bench_rejection_sampler(
 
 
 def markdown_table(results: dict) -> str:
-    """The README's tables, from bench JSON: per prompt, tokens/s, α, the speedup measured, accounted and
+    """The tables of BENCHMARKS.md, from bench JSON: per prompt, tokens/s, α, the speedup measured, accounted and
     predicted; then the median ratios."""
     names = results["methods"]
     lines = [

@@ -85,7 +85,7 @@ def find_ngram_continuations(
 class NgramDrafter:
     """Prompt-lookup drafting: no model, no cache; copies text that follows matching n-grams. With W > 1 it also
     follows one-token matches once the longer ones run out: one candidate from such a match is mostly wrong, but W of
-    them checked in the same pass often hold the next token (tokens per pass in the README's batch bench)."""
+    them checked in the same pass often hold the next token (tokens per pass in BENCHMARKS.md's batch bench)."""
 
     def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 2) -> None:
         self.max_ngram_size, self.min_ngram_size = max_ngram_size, min_ngram_size  # min: for W = 1
