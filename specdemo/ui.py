@@ -263,15 +263,22 @@ def load_sweep() -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def sweep_caption(sweep: dict | None) -> str:
+SWEEP_LESSONS = {  # what each of the sweep's charts teaches, after the sentence that says how it was measured
+    "batch": "Where the speculative line falls under target-only, drafting costs more than it wins at that batch size. "
+    "Batches here cut their drafts for shared passes, as the sweep's line of that name did.",
+    "candidates": "More candidates per round win more tokens per target pass, and every one of them widens the pass: "
+    "the batch chart on the Batch tab shows what that costs in tokens/s.",
+}
+
+
+def sweep_caption(sweep: dict | None, chart: str = "batch") -> str:
     if sweep is None:
         return "No measured sweep here: run `python -m specdemo bench --batch-sizes 1,2,4,8 --num-candidates 1,2,4`."
     return (
         f"Measured{' on ' + sweep['date'] if 'date' in sweep else ''} with `bench --batch-sizes` on "
         f"{sweep.get('model', 'this machine')}: {sweep['pair']}, greedy, "
-        f"{sweep['max_new_tokens']} new tokens, the same {sweep['rows'][0]['num_prompts']} prompts at every B. Where "
-        "the speculative line falls under target-only, drafting costs more than it wins at that batch size. Batches "
-        "here cut their drafts for shared passes, as the sweep's line of that name did."
+        f"{sweep['max_new_tokens']} new tokens, the same {sweep['rows'][0]['num_prompts']} prompts at every B. "
+        + SWEEP_LESSONS[chart]
     )
 
 
@@ -482,7 +489,7 @@ def build_demo(cache: ModelCache | None = None) -> gr.Blocks:
                         candidates = gr.HTML("", css_template=theme_css, elem_id="candidates")
                         if sweep is not None:
                             gr.Plot(candidates_sweep_figure(sweep), elem_id="candidates-chart", show_label=False)
-                            gr.Markdown(sweep_caption(sweep))
+                            gr.Markdown(sweep_caption(sweep, "candidates"))
                     trace = gr.DownloadButton("Download the trace (JSON)", visible=False, elem_id="trace")
                 with gr.Tab("Batch", id="batch"):
                     batch_prompts_box = gr.Textbox(
