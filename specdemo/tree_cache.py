@@ -94,6 +94,11 @@ class TreeCachedModel:
     def length(self) -> int:  # L
         return self.tokens.shape[1]
 
+    @property
+    def widest(self) -> int:
+        """The most slots one row holds (its tokens, kept branches included); the rest of the length is holes."""
+        return int((self.tokens != HOLE).sum(dim=1).max()) if self.length else 0
+
     def _add_rows(self, keys: list[Hashable]) -> None:
         """New rows join as rows of holes as long as the cache."""
         new = [key for key in keys if key not in self.row_keys]
@@ -179,7 +184,7 @@ class TreeCachedModel:
         settle the slots before the first tree slot of any row. Rows that joined (their prompts' slots are holes in
         every other row) and rows that left leave holes before `settled` too: once they outgrow the widest row by
         half, every slot is squeezed, so a batch that people keep joining attends over what its rows hold."""
-        widest = int((self.tokens != HOLE).sum(dim=1).max()) if self.length else 0
+        widest = self.widest
         if self.length - widest > max(COMPACT_AFTER_HOLES, widest // 2):
             self.settled = 0
         region = self.tokens[:, self.settled :]  # [B, R]

@@ -163,7 +163,7 @@ def test_a_batch_that_rows_keep_joining_attends_over_what_its_rows_hold(tiny_tar
     scheduler runs). Every joining prompt and every row that left leaves holes in the other rows, in the target's
     cache and in the draft model's; each is compacted, so it stays within half the widest row (or
     COMPACT_AFTER_HOLES) of it, and every row still emits what it emits alone, with two candidates, sampled and
-    greedy rows. Without compaction the target's cache outgrew that allowance 6.6 times over."""
+    greedy rows. Without compaction a cache outgrew that allowance 6.4 (prompt lookup) and 6.8 times over."""
     rng = random.Random(3)
     prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(12, 30))] for _ in range(20)]
     samplings = [SamplingConfig(temperature=0.9 * (i % 2), seed=i) for i in range(20)]
@@ -180,9 +180,7 @@ def test_a_batch_that_rows_keep_joining_attends_over_what_its_rows_hold(tiny_tar
             decoder.add(row, prompts[row], samplings[row], spec)
         for row, round_ in decoder.step():
             batched.setdefault(row, []).append(round_)
-        for cache in caches:
-            widest = int((cache.tokens != HOLE).sum(dim=1).max()) if cache.length else 0
-            excess.append((cache.length - widest) / max(COMPACT_AFTER_HOLES, widest // 2))
+        excess += [(cache.length - cache.widest) / max(COMPACT_AFTER_HOLES, cache.widest // 2) for cache in caches]
     assert max(excess) <= 1.2, f"a cache outgrew its widest row by {max(excess):.1f} times the allowance"
     for row in range(20):
         prompt = torch.tensor([prompts[row]])
