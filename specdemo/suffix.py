@@ -22,6 +22,7 @@ MAX_MATCH = 8  # the longest suffix matched; the trie keeps strings one longer, 
 MATCH_BUCKETS = (1, 2, 3, 4, 6)  # match lengths calibrated apart: 1, 2, 3, 4-5, 6 and more
 PRIOR_RATIOS = (0.3, 0.6, 0.8, 0.9, 0.95)  # accepted / frequency score per bucket before the row has history
 PRIOR_WEIGHT = 2.0  # the prior counts as this many drafted tokens
+ROW_PRIOR_WEIGHT = 5.0  # the row's own scale of the priors starts at 1 and counts as this many expected acceptances
 MIN_REACH = 0.02  # a candidate stops growing when the chance of reaching its next token falls below this
 
 
@@ -121,9 +122,13 @@ class _RowState:
     last_draft: list[list[tuple[int, int, float]]] = field(default_factory=list)  # per candidate (token, bucket, score)
     accepted: list[float] = field(default_factory=lambda: [0.0] * len(MATCH_BUCKETS) * 2)  # per (source, bucket)
     scored: list[float] = field(default_factory=lambda: [0.0] * len(MATCH_BUCKETS) * 2)  # sum of frequency scores
+    scale: float = 1.0  # the row's accepted tokens over what the priors expected of every token it drafted
 
     def ratio(self, key: int) -> float:
-        prior = PRIOR_RATIOS[key % len(MATCH_BUCKETS)]
+        """Accepted ÷ frequency score for this source and match length: the row's own history there, shrunk toward
+        the prior scaled by the row's history everywhere. A row whose drafts break (free prose) then expects less
+        even of a match length it has not drafted from yet, and a row that copies (a table) expects more."""
+        prior = min(1.0, PRIOR_RATIOS[key % len(MATCH_BUCKETS)] * self.scale)
         return (self.accepted[key] + PRIOR_WEIGHT * prior) / (self.scored[key] + PRIOR_WEIGHT)
 
     def learn(self, emitted: list[int]) -> None:
@@ -137,6 +142,8 @@ class _RowState:
                 self.scored[key] += score
                 self.accepted[key] += token == emitted[position]
         self.last_draft = []
+        expected = sum(score * PRIOR_RATIOS[key % len(MATCH_BUCKETS)] for key, score in enumerate(self.scored))
+        self.scale = (sum(self.accepted) + ROW_PRIOR_WEIGHT) / (expected + ROW_PRIOR_WEIGHT)
 
 
 class SuffixDrafter:

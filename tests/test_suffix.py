@@ -13,7 +13,7 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.decoding import autoregressive_generate, speculative_generate
 from specdemo.planning import PassCosts, monotone, plan_draft
 from specdemo.stats import emitted_ids, run_stats
-from specdemo.suffix import MAX_MATCH, SuffixDrafter, SuffixTrie, _RowState
+from specdemo.suffix import MAX_MATCH, PRIOR_RATIOS, SuffixDrafter, SuffixTrie, _RowState
 from tests.conftest import TINY_VOCAB, hf_greedy, seeded_runs
 from tests.test_decoding import EOS, NO_EOS, PARITY_PROMPTS, PROMPT, exact_marginals
 
@@ -125,6 +125,21 @@ def test_a_row_learns_from_what_was_emitted():
     assert (state.scored[0], state.accepted[0]) == (1.5, 2)
     assert (state.scored[1], state.accepted[1]) == (2.0, 1)
     assert state.last_draft == []
+
+
+def test_a_rows_history_everywhere_scales_what_it_expects_where_it_has_none():
+    """Ten rounds drafted 1 2 from one-token matches (bucket 0): one row emitted 9 (its drafts broke), the other
+    1 2. Neither drafted from a match of 6 or more (bucket 4), yet the row whose drafts broke expects less there
+    than the prior, and the row that copied more (free prose, against a table). The bench measured the plans' miss
+    on open-ended prompts in bfloat16 at +18% and +14% with a fixed prior."""
+    fresh, broke, copied = _RowState(4), _RowState(4), _RowState(4)
+    assert fresh.ratio(4) == PRIOR_RATIOS[4]
+    for state, emitted in ((broke, [9, 9]), (copied, [1, 2])):
+        for _ in range(10):
+            state.last_draft = [[(1, 0, 1.0), (2, 0, 1.0)]]
+            state.learn(emitted)
+    assert broke.ratio(4) < 0.7 * PRIOR_RATIOS[4] and copied.ratio(4) == 1.0
+    assert broke.ratio(0) < copied.ratio(0)
 
 
 @pytest.mark.parametrize("prompt", PARITY_PROMPTS.values(), ids=PARITY_PROMPTS.keys())
