@@ -166,6 +166,7 @@ class Comparison:
     best_num_draft_tokens: int  # the cap on k that the α curve and the measured costs favour
     best_speedup: float  # the speedup that cap would give, scaled from this run's
     identical: bool  # the two runs emitted the same tokens
+    verify_rounds_by_k: tuple[tuple[int, int], ...] = ()  # (k, the rounds v(k) is the median of)
 
 
 def median(values: Sequence[float]) -> float:
@@ -173,14 +174,14 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def verify_costs(speculative: Sequence[Round], step_seconds: float) -> dict[int, float]:
-    """v(k) for every k that occurred: median verification seconds of rounds with k drafts over a one-token
-    step. Round 0 reads the whole prompt and is left out."""
+def verify_seconds_by_k(speculative: Sequence[Round]) -> dict[int, list[float]]:
+    """The verification seconds of the rounds with k drafts, for every k that occurred. Round 0 reads the whole
+    prompt and is left out."""
     by_k: dict[int, list[float]] = {}
     for round_ in speculative[1:]:
         if round_.draft_token_ids:
             by_k.setdefault(len(round_.draft_token_ids), []).append(round_.verify_seconds)
-    return {k: median(seconds) / step_seconds for k, seconds in sorted(by_k.items())}
+    return dict(sorted(by_k.items()))
 
 
 def interpolated(costs: dict[int, float], k: int) -> float:
@@ -218,7 +219,8 @@ def compare_runs(speculative: Sequence[Round], baseline: Sequence[Round], num_dr
     spec, base = run_stats(speculative), run_stats(baseline)
     step = base.wall_seconds / base.num_generated if base.num_generated else 0.0  # the identity's target step
     one_token_step = median([round_.verify_seconds for round_ in baseline[1:]]) or step  # v(k)'s unit
-    costs = verify_costs(speculative, one_token_step) if one_token_step else {}
+    by_k = verify_seconds_by_k(speculative)
+    costs = {k: median(seconds) / one_token_step for k, seconds in by_k.items()} if one_token_step else {}
     rounds = max(1, spec.num_rounds)
     round_cost = spec.wall_seconds / rounds / step if step else 0.0
     speedup = spec.tokens_per_second / base.tokens_per_second if base.tokens_per_second else 0.0
@@ -233,6 +235,7 @@ def compare_runs(speculative: Sequence[Round], baseline: Sequence[Round], num_dr
         verify_cost=spec.verify_seconds / rounds / step if step else 0.0,
         other_cost=spec.other_seconds / rounds / step if step else 0.0,
         verify_cost_by_k=tuple(costs.items()),
+        verify_rounds_by_k=tuple((k, len(seconds)) for k, seconds in by_k.items()),
         predicted_tokens_per_pass=predicted,
         predicted_speedup=predicted_speedup,
         prediction_error=predicted_speedup / speedup - 1 if speedup else 0.0,

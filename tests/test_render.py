@@ -84,10 +84,11 @@ def test_summary_is_honest_when_speculation_is_slower():
         best_num_draft_tokens=1,
         best_speedup=0.7,
         identical=True,
+        verify_rounds_by_k=((3, 1),),
     )
     text = summary_markdown(spec, 3, baseline=base, comparison=comparison, greedy=True)
     assert "**Speedup 0.50×** = 1.50 tokens per target pass ÷ 3.00 target steps per round" in text
-    assert "v(3) = 1.60" in text and "identical" in text and "**Best γ**" in text
+    assert "v(3) = 1.60 (1 round)" in text and "identical" in text and "**Best γ**" in text
     assert "It misses because" not in text  # a 4% error needs no excuse
     assert "Speculation was slower here" in text and "1.60× a one-token step" in text and "α = 0.33" in text
     assert "slower" not in summary_markdown(spec, 3, baseline=base, comparison=replace(comparison, speedup=1.4))

@@ -105,6 +105,7 @@ def test_the_speedup_is_tokens_per_pass_over_round_cost():
     assert c.round_cost == pytest.approx(c.draft_cost + c.verify_cost + c.other_cost)
     assert c.speedup == pytest.approx((10 / 1.135) / (10 / 1.4))  # tokens/s over tokens/s
     assert dict(c.verify_cost_by_k) == pytest.approx({3: 0.165 / 0.1})  # round 0 (the prompt) left out
+    assert c.verify_rounds_by_k == ((3, 2),)  # the median of two rounds, which the page says beside v(3)
     assert not c.identical  # the hand-built rounds emit other tokens than the baseline's
 
 
