@@ -233,11 +233,10 @@ def why_prediction_missed(spec: RunStats, comparison: Comparison) -> str:
 def explanation(spec: RunStats, c: Comparison, num_draft_tokens: int) -> list[str]:
     """The speedup as measured parts, Leviathan's prediction beside it, and the best number of drafts."""
     rounds = dict(c.verify_rounds_by_k)
-    costs = ", ".join(
-        f"v({k}) = {v:.2f}" + (f" ({rounds[k]} round{'s' * (rounds[k] != 1)})" if k in rounds else "")
-        for k, v in c.verify_cost_by_k
+    costs = (
+        ", ".join(f"v({k}) = {v:.2f} ({rounds[k]} round{'s' * (rounds[k] != 1)})" for k, v in c.verify_cost_by_k)
+        or "no drafts were verified"
     )
-    costs = costs or "no drafts were verified"
     lines = [
         (
             f"**Speedup {c.speedup:.2f}×** = {c.tokens_per_pass:.2f} tokens per target pass ÷ {c.round_cost:.2f} "

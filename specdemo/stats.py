@@ -160,13 +160,13 @@ class Comparison:
     verify_cost: float
     other_cost: float
     verify_cost_by_k: tuple[tuple[int, float], ...]  # (k, v(k)): a pass over k drafts / a one-token step, medians
+    verify_rounds_by_k: tuple[tuple[int, int], ...]  # (k, the rounds v(k) is the median of)
     predicted_tokens_per_pass: float  # Leviathan: independent acceptance at the run's α, for each k that occurred
     predicted_speedup: float  # predicted_tokens_per_pass / round_cost
     prediction_error: float  # predicted_speedup / speedup - 1
     best_num_draft_tokens: int  # the cap on k that the α curve and the measured costs favour
     best_speedup: float  # the speedup that cap would give, scaled from this run's
     identical: bool  # the two runs emitted the same tokens
-    verify_rounds_by_k: tuple[tuple[int, int], ...] = ()  # (k, the rounds v(k) is the median of)
 
 
 def median(values: Sequence[float]) -> float:

@@ -78,13 +78,13 @@ def test_summary_is_honest_when_speculation_is_slower():
         verify_cost=1.6,
         other_cost=1.2,
         verify_cost_by_k=((3, 1.6),),
+        verify_rounds_by_k=((3, 1),),
         predicted_tokens_per_pass=1.44,
         predicted_speedup=0.48,
         prediction_error=-0.04,
         best_num_draft_tokens=1,
         best_speedup=0.7,
         identical=True,
-        verify_rounds_by_k=((3, 1),),
     )
     text = summary_markdown(spec, 3, baseline=base, comparison=comparison, greedy=True)
     assert "**Speedup 0.50×** = 1.50 tokens per target pass ÷ 3.00 target steps per round" in text
