@@ -122,7 +122,8 @@ class _RowState:
     last_draft: list[list[tuple[int, int, float]]] = field(default_factory=list)  # per candidate (token, bucket, score)
     accepted: list[float] = field(default_factory=lambda: [0.0] * len(MATCH_BUCKETS) * 2)  # per (source, bucket)
     scored: list[float] = field(default_factory=lambda: [0.0] * len(MATCH_BUCKETS) * 2)  # sum of frequency scores
-    scale: float = 1.0  # the row's accepted tokens over what the priors expected of every token it drafted
+    scale: float = 1.0  # the row's accepted tokens over what the priors expected of every token it drafted; set
+    # by learn(), where accepted and scored change, not summed again by ratio() for every candidate token
 
     def ratio(self, key: int) -> float:
         """Accepted ÷ frequency score for this source and match length: the row's own history there, shrunk toward
