@@ -5,7 +5,7 @@ try:  # On a ZeroGPU Space, `spaces` must be imported before anything initialise
 except ImportError:
     pass
 
-from specdemo.ui import build_demo
+from specdemo.app.page import build_demo
 
 demo = build_demo()
 

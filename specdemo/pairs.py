@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from specdemo.config import SpeculativeConfig
-from specdemo.drafter_kinds import DRAFTER_KINDS, NGRAM, SUFFIX, build_drafter, drafter_names, is_model_free
-from specdemo.drafters import Drafter
-from specdemo.model_cache import ModelCache
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
+from specdemo.drafters.base import Drafter
+from specdemo.drafters.registry import DRAFTER_KINDS, NGRAM, SUFFIX, build_drafter, drafter_names, is_model_free
+from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
+from specdemo.models.shared import ModelCache
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-import specdemo.ui as ui
+import specdemo.app.page as ui
+from specdemo.app.page import EXAMPLES
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import BatchDecoder, Round, batch_generate
-from specdemo.drafters import Drafter
-from specdemo.model_cache import ModelCache
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, load_model
-from specdemo.resources import release_openmp_workers
-from specdemo.ui import EXAMPLES
+from specdemo.drafters.base import Drafter
+from specdemo.engine.decoding import BatchDecoder, Round, batch_generate
+from specdemo.engine.resources import release_openmp_workers
+from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model
+from specdemo.models.shared import ModelCache
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
 

@@ -15,12 +15,12 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import specdemo.ui as ui
-from specdemo.__main__ import main
-from specdemo.decoding import autoregressive_generate
-from specdemo.models import chat_prompt_ids, native_bfloat16
-from specdemo.scheduler import Schedulers
-from specdemo.stats import emitted_ids
+import specdemo.app.page as ui
+from specdemo.cli.main import main
+from specdemo.core.stats import emitted_ids
+from specdemo.engine.decoding import autoregressive_generate
+from specdemo.engine.scheduler import Schedulers
+from specdemo.models.loading import chat_prompt_ids, native_bfloat16
 from tests.conftest import (
     SPELLING,
     STORY,

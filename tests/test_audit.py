@@ -13,9 +13,9 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specdemo.audit import BUGS, MODEL_BATCH_ROWS, TOY_PRESETS, model_audit, parse_weights, toy_audit
+from specdemo.audit.toy import BUGS, MODEL_BATCH_ROWS, TOY_PRESETS, model_audit, parse_weights, toy_audit
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.drafters import ModelDrafter
+from specdemo.drafters.base import ModelDrafter
 from tests.conftest import TINY_VOCAB, assert_engine_stops_within_a_second, count_rounds, tiny_model, wait_for_rounds
 
 PLANTED = [bug for bug in BUGS if bug != "none"]

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import BatchDecoder, speculative_generate
-from specdemo.drafters import ModelDrafter, NgramDrafter, find_ngram_continuations
-from specdemo.rejection import rejection_sample
-from specdemo.sampling import build_warpers, logits_to_probs, sample_from_probs
-from specdemo.stats import emitted_ids
-from specdemo.suffix import SuffixDrafter
+from specdemo.core.sampling import build_warpers, logits_to_probs, sample_from_probs
+from specdemo.core.stats import emitted_ids
+from specdemo.core.verify import rejection_sample
+from specdemo.drafters.base import ModelDrafter, NgramDrafter, find_ngram_continuations
+from specdemo.drafters.suffix import SuffixDrafter
+from specdemo.engine.decoding import BatchDecoder, speculative_generate
 from tests.conftest import TINY_VOCAB, assert_equal_or_near_tie
 from tests.test_suffix import FREE
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from specdemo.__main__ import main
-from specdemo.batch_bench import HF_BATCHED, SHARED_CUT, run_batch_bench
-from specdemo.bench import (
+from specdemo.bench.batch import HF_BATCHED, SHARED_CUT, run_batch_bench
+from specdemo.bench.prompts import BenchPrompt, load_prompts
+from specdemo.bench.single import (
     ACCOUNTING_TOLERANCE,
     HF_GENERATE,
     SPECULATIVE,
@@ -19,9 +19,9 @@ from specdemo.bench import (
     run_bench,
     summarise,
 )
+from specdemo.cli.main import main
 from specdemo.config import SpeculativeConfig
-from specdemo.costs import pass_costs
-from specdemo.prompts import BenchPrompt, load_prompts
+from specdemo.engine.costs import pass_costs
 from tests.conftest import make_round
 
 GOOD = {"name": "copy", "grounded": True, "text": "Repeat this list: apples, bread, milk, eggs, rice, tea."}

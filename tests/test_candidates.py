@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from specdemo.audit import chi_square_pvalue, tv_distance
-from specdemo.candidates import choose_draft_tokens, verify_batch, verify_candidates, verify_chains, verify_rows
-from specdemo.rejection import rejection_sample
-from specdemo.sampling import sample_from_probs, sample_one
+from specdemo.audit.toy import chi_square_pvalue, tv_distance
+from specdemo.core.candidates import choose_draft_tokens, verify_batch, verify_candidates, verify_chains, verify_rows
+from specdemo.core.sampling import sample_from_probs, sample_one
+from specdemo.core.verify import rejection_sample
 
 V = 8
 START = 0  # the token before the first round

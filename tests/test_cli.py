@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from specdemo.__main__ import main
+from specdemo.cli.main import main
 from specdemo.config import check_prompt_fits
-from specdemo.models import native_bfloat16
+from specdemo.models.loading import native_bfloat16
 
 PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesday to Thursday."
 
@@ -91,7 +91,7 @@ def test_bad_input_gives_no_traceback_in_a_real_process():
 
 
 def test_a_failing_run_is_one_sentence_and_exit_1_and_debug_shows_the_traceback(monkeypatch, capsys):
-    import specdemo.__main__ as cli
+    import specdemo.cli.main as cli
 
     def failing(*args, **kwargs):
         yield from ()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdemo.audit import chi_square_pvalue, tv_distance
+from specdemo.audit.toy import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import autoregressive_generate, speculative_generate
-from specdemo.drafters import DraftRequest, ModelDrafter, NgramDrafter
-from specdemo.sampling import build_warpers, logits_to_probs
-from specdemo.stats import emitted_ids, run_stats
+from specdemo.core.sampling import build_warpers, logits_to_probs
+from specdemo.core.stats import emitted_ids, run_stats
+from specdemo.drafters.base import DraftRequest, ModelDrafter, NgramDrafter
+from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from tests.conftest import TINY_VOCAB, hf_greedy, seeded_runs
 
 NO_EOS: frozenset[int] = frozenset()

@@ -15,15 +15,15 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from specdemo.audit import chi_square_pvalue, tv_distance
-from specdemo.bench import run_bench
+from specdemo.audit.toy import chi_square_pvalue, tv_distance
+from specdemo.bench.prompts import PROMPTS
+from specdemo.bench.single import run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import autoregressive_generate, speculative_generate
-from specdemo.drafters import ModelDrafter, NgramDrafter
-from specdemo.models import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model, resolve_dtype
-from specdemo.prompts import PROMPTS
-from specdemo.rejection import rejection_sample
-from specdemo.stats import emitted_ids, run_stats
+from specdemo.core.stats import emitted_ids, run_stats
+from specdemo.core.verify import rejection_sample
+from specdemo.drafters.base import ModelDrafter, NgramDrafter
+from specdemo.engine.decoding import autoregressive_generate, speculative_generate
+from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model, resolve_dtype
 from tests.conftest import SPELLING, TINY_VOCAB, hf_greedy, launched_app, tiny_model
 
 DEVICE_VARIABLE = "SPECDEMO_GPU_TEST_DEVICE"

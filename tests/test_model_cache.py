@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from specdemo.model_cache import ModelCache
+from specdemo.models.shared import ModelCache
 
 
 class CountingLoader:

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdemo import models
-from specdemo.model_cache import ModelCache
-from specdemo.models import (
+from specdemo.models import loading as models
+from specdemo.models.loading import (
     OFFLINE_DEFAULT,
     dtype_reason,
     load_model,
@@ -20,7 +19,8 @@ from specdemo.models import (
     resolve_dtype,
     resolve_source,
 )
-from specdemo.offline import OFFLINE_MODELS, offline_source, one_gguf_reader
+from specdemo.models.offline import OFFLINE_MODELS, offline_source, one_gguf_reader
+from specdemo.models.shared import ModelCache
 
 CPU = torch.device("cpu")
 

@@ -13,13 +13,13 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdemo.__main__ import main
+from specdemo.cli.main import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import speculative_generate
-from specdemo.drafter_kinds import DRAFTER_KINDS
-from specdemo.model_cache import ModelCache
-from specdemo.models import chat_prompt_ids, check_model_name, load_model
-from specdemo.offline import OFFLINE_MODELS, package_dir
+from specdemo.drafters.registry import DRAFTER_KINDS
+from specdemo.engine.decoding import speculative_generate
+from specdemo.models.loading import chat_prompt_ids, check_model_name, load_model
+from specdemo.models.offline import OFFLINE_MODELS, package_dir
+from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, custom_pair, find_pair, load_pair, make_drafter
 
 
@@ -144,7 +144,7 @@ def test_remote_code_models_are_refused(tmp_path):
 
 def test_a_model_too_large_for_free_memory_is_refused_before_loading(tmp_path, monkeypatch):
     directory = save_tiny_model(tmp_path / "model", word_tokenizer(["<unk>", "</s>", "a"]), seed=0)
-    monkeypatch.setattr("specdemo.models.free_memory_bytes", lambda device: 1000)
+    monkeypatch.setattr("specdemo.models.loading.free_memory_bytes", lambda device: 1000)
     with pytest.raises(ValueError, match=r"needs about 0\.0 GB for its weights but only 0\.0 GB is free on cpu"):
         load_model(str(directory))
 
@@ -157,7 +157,7 @@ def test_hub_loading_works_from_a_snapshot_with_hf_hub_offline(tmp_path):
     (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
     script = (
-        "from specdemo.models import load_model; m = load_model('tiny-org/tiny-llama', allow_local=False); "
+        "from specdemo.models.loading import load_model; m = load_model('tiny-org/tiny-llama', allow_local=False); "
         "print(m.vocab_size, m.tokenizer.decode([2, 3]))"
     )
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)

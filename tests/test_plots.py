@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdemo.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
+from specdemo.app.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
 from tests.conftest import make_round
 
 ROUNDS = [

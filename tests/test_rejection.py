@@ -9,17 +9,17 @@ import math
 import pytest
 import torch
 
-import specdemo.rejection as rejection_module
-from specdemo.audit import chi_square_pvalue, tv_distance
+import specdemo.core.verify as rejection_module
+from specdemo.audit.toy import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig
-from specdemo.rejection import (
+from specdemo.core.sampling import build_warpers, logits_to_probs
+from specdemo.core.verify import (
     PADDING_ID,
     RejectionResult,
     reference_rejection_sample,
     rejection_sample,
     residual_probs,
 )
-from specdemo.sampling import build_warpers, logits_to_probs
 
 NUM_ROWS = 100_000  # rows in one batched call; sampling noise then keeps TV near 0.003
 MAX_TV = 0.01

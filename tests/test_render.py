@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specdemo.decoding import CandidateTrace
-from specdemo.render import (
+from specdemo.app.render import (
     ANSI_STYLES,
     MAX_CANDIDATE_ROUNDS,
     Divergence,
@@ -18,7 +17,8 @@ from specdemo.render import (
     summary_markdown,
     token_spans,
 )
-from specdemo.stats import Comparison, compare_runs, run_stats
+from specdemo.core.stats import Comparison, compare_runs, run_stats
+from specdemo.engine.decoding import CandidateTrace
 from tests.conftest import make_round
 
 WORDS = {1: " the", 2: " cat", 3: " sat", 4: " on", 5: " a", 6: " mat", 99: "!"}

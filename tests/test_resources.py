@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager, nullcontext
 import pytest
 import torch
 
-from specdemo.resources import _libgomps, openmp_workers_released
+from specdemo.engine.resources import _libgomps, openmp_workers_released
 
 
 def thread_ids() -> set[int]:

@@ -16,10 +16,10 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import specdemo.decoding
-import specdemo.ui as ui
-from specdemo.models import chat_prompt_ids
-from specdemo.scheduler import IDLE_RELEASE_SECONDS
+import specdemo.app.page as ui
+import specdemo.engine.decoding
+from specdemo.engine.scheduler import IDLE_RELEASE_SECONDS
+from specdemo.models.loading import chat_prompt_ids
 from tests.conftest import SPELLING, assert_equal_or_near_tie, launched_app, settings, trace_of
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -220,14 +220,14 @@ def test_every_bad_input_gets_one_clear_sentence_and_the_app_keeps_serving(clien
 def test_a_failure_in_one_row_reaches_only_its_user(client, app, monkeypatch):
     """A fault injected into one run's probabilities (seed 666) while another run shares its passes: that user gets
     the failure in one sentence, the other run completes, and the app keeps serving."""
-    real = specdemo.decoding.logits_to_probs
+    real = specdemo.engine.decoding.logits_to_probs
 
     def faulty(logits, contexts, sampling, warpers):
         if sampling.seed == 666:
             raise RuntimeError("CUDA out of memory (simulated)")
         return real(logits, contexts, sampling, warpers)
 
-    monkeypatch.setattr(specdemo.decoding, "logits_to_probs", faulty)
+    monkeypatch.setattr(specdemo.engine.decoding, "logits_to_probs", faulty)
     other = Client(app, verbose=False).submit(
         **settings("Write a short poem about the sea.", temperature=0.8, max_new_tokens=40, compare=False),
         api_name="/generate",
@@ -243,14 +243,14 @@ def test_a_failure_in_one_row_reaches_only_its_user(client, app, monkeypatch):
 
 
 def test_a_failure_in_a_batch_is_one_sentence_and_the_app_keeps_serving(client, monkeypatch):
-    real = specdemo.decoding.logits_to_probs
+    real = specdemo.engine.decoding.logits_to_probs
 
     def faulty(logits, contexts, sampling, warpers):
         if sampling.seed == 701:  # the batch's second prompt (seed 700 + 1)
             raise RuntimeError("CUDA out of memory (simulated)")
         return real(logits, contexts, sampling, warpers)
 
-    monkeypatch.setattr(specdemo.decoding, "logits_to_probs", faulty)
+    monkeypatch.setattr(specdemo.engine.decoding, "logits_to_probs", faulty)
     with pytest.raises(AppError, match=r"The batch failed \(RuntimeError: CUDA out of memory \(simulated\)\)"):
         client.predict(prompts=["a", "b", "c"], temperature=1.0, seed=700, max_new_tokens=8, api_name="/generate_batch")
     monkeypatch.undo()

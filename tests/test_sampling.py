@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdemo.audit import chi_square_pvalue, tv_distance
+from specdemo.audit.toy import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig
-from specdemo.sampling import build_warpers, draw_uniforms, logits_to_probs, sample_from_probs
+from specdemo.core.sampling import build_warpers, draw_uniforms, logits_to_probs, sample_from_probs
 
 MAX_TV = 0.01
 MIN_P_VALUE = 1e-4

@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
-import specdemo.decoding
-import specdemo.scheduler
+import specdemo.engine.decoding
+import specdemo.engine.scheduler
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import autoregressive_generate, speculative_generate
-from specdemo.drafters import ModelDrafter, NgramDrafter
-from specdemo.scheduler import DecodeRequest, Scheduler
-from specdemo.stats import emitted_ids
+from specdemo.core.stats import emitted_ids
+from specdemo.drafters.base import ModelDrafter, NgramDrafter
+from specdemo.engine.decoding import autoregressive_generate, speculative_generate
+from specdemo.engine.scheduler import DecodeRequest, Scheduler
 from tests.conftest import TINY_VOCAB
 from tests.test_batch import EOS, PROMPTS, SETTINGS
 
@@ -27,7 +27,7 @@ FAR = 1e12  # a deadline that never comes
 def no_shared_pass_cuts(monkeypatch) -> None:
     """Rows here must equal the rows decoded alone, so their drafts are never cut for shared passes, whatever costs an
     earlier test measured for the tiny model (a cut row is another draw: tests/test_sharing.py)."""
-    monkeypatch.setattr(specdemo.scheduler, "shared_costs", lambda target: None)
+    monkeypatch.setattr(specdemo.engine.scheduler, "shared_costs", lambda target: None)
 
 
 def requests(num_candidates: int = 2) -> list[DecodeRequest]:
@@ -137,7 +137,7 @@ def test_a_stopped_row_leaves_within_a_second_and_the_others_are_unchanged(tiny_
 def test_a_failing_row_fails_only_its_own_run(tiny_target, monkeypatch):
     """A fault injected into one row's probabilities, once it has decoded a few tokens beside the others, reaches
     that row's stream only."""
-    real = specdemo.decoding.logits_to_probs
+    real = specdemo.engine.decoding.logits_to_probs
     bad = DecodeRequest(PROMPTS[1], SamplingConfig(temperature=1.0, seed=13), SpeculativeConfig(max_new_tokens=30))
     shared: list[int] = []
 
@@ -147,7 +147,7 @@ def test_a_failing_row_fails_only_its_own_run(tiny_target, monkeypatch):
             raise RuntimeError("injected fault")
         return real(logits, contexts, sampling, warpers)
 
-    monkeypatch.setattr(specdemo.decoding, "logits_to_probs", faulty)
+    monkeypatch.setattr(specdemo.engine.decoding, "logits_to_probs", faulty)
     rows = requests()
     lock = threading.Lock()
     scheduler = Scheduler(tiny_target, NgramDrafter(3, 1), EOS, lock)

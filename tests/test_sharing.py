@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from specdemo.audit import chi_square_pvalue, tv_distance
+from specdemo.app.render import cut_note
+from specdemo.audit.toy import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.costs import SHARED_WIDTHS, batch_costs, shared_costs
-from specdemo.decoding import BatchDecoder
-from specdemo.drafters import ModelDrafter, NgramDrafter
-from specdemo.planning import BatchCosts, plan_shared_pass
-from specdemo.render import cut_note
+from specdemo.core.planning import BatchCosts, plan_shared_pass
+from specdemo.drafters.base import ModelDrafter, NgramDrafter
+from specdemo.engine.costs import SHARED_WIDTHS, batch_costs, shared_costs
+from specdemo.engine.decoding import BatchDecoder
 from tests.conftest import TINY_VOCAB
 from tests.test_batch import PROMPTS
 from tests.test_decoding import NO_EOS, PROMPT, exact_marginals

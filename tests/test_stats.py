@@ -7,10 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdemo.planning import Plan
-from specdemo.rejection import rejection_sample
-from specdemo.render import summary_markdown
-from specdemo.stats import (
+from specdemo.app.render import summary_markdown
+from specdemo.core.planning import Plan
+from specdemo.core.stats import (
     compare_runs,
     curve_tokens_per_round,
     expected_tokens_per_round,
@@ -18,6 +17,7 @@ from specdemo.stats import (
     planned_speedup,
     run_stats,
 )
+from specdemo.core.verify import rejection_sample
 from tests.conftest import make_round
 
 

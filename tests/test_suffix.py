@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
-from specdemo.audit import chi_square_pvalue, tv_distance
+from specdemo.audit.toy import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import autoregressive_generate, speculative_generate
-from specdemo.planning import PassCosts, monotone, plan_draft
-from specdemo.stats import emitted_ids, run_stats
-from specdemo.suffix import MAX_MATCH, PRIOR_RATIOS, SuffixDrafter, SuffixTrie, _RowState
+from specdemo.core.planning import PassCosts, monotone, plan_draft
+from specdemo.core.stats import emitted_ids, run_stats
+from specdemo.drafters.suffix import MAX_MATCH, PRIOR_RATIOS, SuffixDrafter, SuffixTrie, _RowState
+from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from tests.conftest import TINY_VOCAB, hf_greedy, seeded_runs
 from tests.test_decoding import EOS, NO_EOS, PARITY_PROMPTS, PROMPT, exact_marginals
 
@@ -151,7 +151,7 @@ def test_greedy_parity_suffix_drafter(tiny_target, prompt):
 
 
 def test_greedy_parity_suffix_drafter_on_the_real_model(offline_model):
-    from specdemo.models import chat_prompt_ids
+    from specdemo.models.loading import chat_prompt_ids
 
     prompt_ids = chat_prompt_ids(offline_model, "Copy this list, one per line: red, green, blue, red, green, blue.")
     spec, greedy, eos = (

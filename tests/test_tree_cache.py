@@ -12,15 +12,22 @@ import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
-from specdemo.__main__ import main
+from specdemo.cli.main import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import BatchDecoder, Round, autoregressive_generate, speculative_generate
-from specdemo.drafters import ModelDrafter, NgramDrafter
-from specdemo.models import LoadedModel, chat_prompt_ids, load_model
-from specdemo.offline import OFFLINE_MODELS, package_dir
+from specdemo.core.stats import emitted_ids
+from specdemo.drafters.base import ModelDrafter, NgramDrafter
+from specdemo.engine.decoding import BatchDecoder, Round, autoregressive_generate, speculative_generate
+from specdemo.models.loading import LoadedModel, chat_prompt_ids, load_model
+from specdemo.models.offline import OFFLINE_MODELS, package_dir
+from specdemo.models.tree_cache import (
+    COMPACT_AFTER_HOLES,
+    HOLE,
+    NO_PARENT,
+    RowRequest,
+    TreeCachedModel,
+    attention_kinds,
+)
 from specdemo.pairs import find_pair, make_drafter
-from specdemo.stats import emitted_ids
-from specdemo.tree_cache import COMPACT_AFTER_HOLES, HOLE, NO_PARENT, RowRequest, TreeCachedModel, attention_kinds
 from tests.conftest import hf_greedy, tiny_model
 
 GREEDY = SamplingConfig()
@@ -85,7 +92,7 @@ def test_tree_cache_logits_equal_uncached_logits(model_kind, compact_after_holes
     """Random rows join, sit passes out, grow through their branches and leave; logits stay those of the row alone,
     also for a sliding-window model far past its window (holes in the cache must not count as tokens), and when the
     whole cache is compacted often, branches kept across it included."""
-    monkeypatch.setattr("specdemo.tree_cache.COMPACT_AFTER_HOLES", compact_after_holes)
+    monkeypatch.setattr("specdemo.models.tree_cache.COMPACT_AFTER_HOLES", compact_after_holes)
     model = tiny_model(0) if model_kind == "llama" else tiny_gemma(1)
     cached, rng, worst = TreeCachedModel(model), random.Random(0), 0.0
     rows = {key: [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 9))] for key in range(3)}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.sampling import Generators, draw_uniforms, sample_from_probs
+from specdemo.core.sampling import Generators, draw_uniforms, sample_from_probs
 
 PADDING_ID = -1  # fills token_ids after the one resampled or bonus token
 

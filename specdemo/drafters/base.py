@@ -11,11 +11,11 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from specdemo.candidates import choose_draft_tokens
 from specdemo.config import SamplingConfig
-from specdemo.planning import Plan
-from specdemo.sampling import build_warpers, logits_to_probs
-from specdemo.tree_cache import RowRequest, TreeCachedModel
+from specdemo.core.candidates import choose_draft_tokens
+from specdemo.core.planning import Plan
+from specdemo.core.sampling import build_warpers, logits_to_probs
+from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 
 
 @dataclass(frozen=True)

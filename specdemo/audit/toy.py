@@ -14,12 +14,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdemo.candidates import CandidateVerdict, Verify, verify_rows
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.decoding import BatchDecoder
-from specdemo.drafters import Drafter, NoDrafter
-from specdemo.rejection import rejection_sample
-from specdemo.sampling import sample_from_probs
+from specdemo.core.candidates import CandidateVerdict, Verify, verify_rows
+from specdemo.core.sampling import sample_from_probs
+from specdemo.core.verify import rejection_sample
+from specdemo.drafters.base import Drafter, NoDrafter
+from specdemo.engine.decoding import BatchDecoder
 
 MIN_P_VALUE = 1e-4  # a position fails when its chi-square p-value is at most this
 NOISE_QUANTILE = 0.999  # the top of the band of TV expected from sampling noise alone

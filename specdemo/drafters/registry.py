@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specdemo.config import MAX_NUM_DRAFT_TOKENS, SpeculativeConfig
-from specdemo.costs import measured, pass_costs
-from specdemo.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdemo.models import LoadedModel, Progress
-from specdemo.suffix import SuffixDrafter
+from specdemo.drafters.base import Drafter, ModelDrafter, NgramDrafter
+from specdemo.drafters.suffix import SuffixDrafter
+from specdemo.engine.costs import measured, pass_costs
+from specdemo.models.loading import LoadedModel, Progress
 
 
 @dataclass(frozen=True)

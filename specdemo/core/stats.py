@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from specdemo.decoding import Round
+from specdemo.engine.decoding import Round
 
 
 @dataclass(frozen=True)

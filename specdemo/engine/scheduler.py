@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.costs import batch_costs, shared_costs
-from specdemo.decoding import BatchDecoder, Round
-from specdemo.drafter_kinds import NGRAM, build_drafter, is_model_free
-from specdemo.drafters import Drafter
-from specdemo.models import LoadedModel, Progress
-from specdemo.resources import release_freed_memory
+from specdemo.drafters.base import Drafter
+from specdemo.drafters.registry import NGRAM, build_drafter, is_model_free
+from specdemo.engine.costs import batch_costs, shared_costs
+from specdemo.engine.decoding import BatchDecoder, Round
+from specdemo.engine.resources import release_freed_memory
+from specdemo.models.loading import LoadedModel, Progress
 
 MAX_BATCH_ROWS = 8  # rows decoded together; a run that finds the batch full waits for a place
 IDLE_RELEASE_SECONDS = 1.0  # after the models go idle, freed memory goes back to the system after this

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.rejection import first_rejection_index, residual_probs, select_positions
-from specdemo.sampling import sample_from_probs, sample_one
+from specdemo.core.sampling import sample_from_probs, sample_one
+from specdemo.core.verify import first_rejection_index, residual_probs, select_positions
 
 
 @dataclass(frozen=True)

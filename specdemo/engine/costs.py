@@ -12,9 +12,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.config import MAX_NEW_TOKENS_LIMIT, MAX_NUM_DRAFT_TOKENS, SamplingConfig, SpeculativeConfig
-from specdemo.decoding import BatchDecoder
-from specdemo.drafters import Draft, DraftRequest
-from specdemo.planning import BatchCosts, PassCosts
+from specdemo.core.planning import BatchCosts, PassCosts
+from specdemo.drafters.base import Draft, DraftRequest
+from specdemo.engine.decoding import BatchDecoder
 
 MEASURED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 129)  # n; others are interpolated
 CONTEXT_TOKENS = 128  # the cached context the measured passes follow

@@ -14,15 +14,15 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
+from specdemo.bench.prompts import PROMPTS, BenchPrompt
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.costs import measure_pass_seconds, measured
-from specdemo.decoding import Round, autoregressive_generate, speculative_generate
-from specdemo.drafter_kinds import DRAFTER_KINDS, build_drafter, is_model_free
-from specdemo.models import LoadedModel, chat_prompt_ids
+from specdemo.core.stats import compare_runs, emitted_ids, run_stats
+from specdemo.core.verify import reference_rejection_sample, rejection_sample
+from specdemo.drafters.registry import DRAFTER_KINDS, build_drafter, is_model_free
+from specdemo.engine.costs import measure_pass_seconds, measured
+from specdemo.engine.decoding import Round, autoregressive_generate, speculative_generate
+from specdemo.models.loading import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, Pair
-from specdemo.prompts import PROMPTS, BenchPrompt
-from specdemo.rejection import reference_rejection_sample, rejection_sample
-from specdemo.stats import compare_runs, emitted_ids, run_stats
 
 ACCOUNTING_TOLERANCE = 0.05  # tokens per pass / round cost must reproduce the wall-clock speedup this closely
 TARGET_ONLY, SPECULATIVE, HF_GENERATE = "target-only (ours)", "speculative (ours)", "HF generate"
@@ -372,7 +372,7 @@ def bench_app(prompts: tuple[BenchPrompt, ...] = PROMPTS[6:], max_new_tokens: in
     the charts were re-sent (the app launched in-process, driven through gradio_client)."""
     from gradio_client import Client
 
-    from specdemo.ui import build_demo
+    from specdemo.app.page import build_demo
 
     demo = build_demo()
     _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)

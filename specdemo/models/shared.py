@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import torch
 
-from specdemo.models import LoadedModel, load_model
-from specdemo.offline import Progress
+from specdemo.models.loading import LoadedModel, load_model
+from specdemo.models.offline import Progress
 
 
 class ModelCache:

@@ -16,34 +16,9 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from specdemo.audit_tab import build_audit_tab
-from specdemo.config import (
-    MAX_NUM_CANDIDATES,
-    MAX_NUM_DRAFT_TOKENS,
-    MAX_PROMPT_CHARACTERS,
-    MAX_PROMPT_TOKENS,
-    SamplingConfig,
-    SpeculativeConfig,
-    check_prompt,
-    check_prompt_fits,
-    whole_number,
-)
-from specdemo.decoding import Round
-from specdemo.drafter_kinds import drafter_names
-from specdemo.messages import user_error
-from specdemo.model_cache import ModelCache
-from specdemo.models import (
-    DTYPE_CHOICES,
-    LOCAL_PATHS_VARIABLE,
-    OFFLINE_DEFAULT,
-    LoadedModel,
-    chat_prompt_ids,
-    dtype_reason,
-    pick_device,
-    resolve_dtype,
-)
-from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, Pair, custom_pair, find_pair, load_pair
-from specdemo.plots import (
+from specdemo.app.audit_tab import build_audit_tab
+from specdemo.app.messages import user_error
+from specdemo.app.plots import (
     acceptance_figure,
     batch_sweep_figure,
     candidates_sweep_figure,
@@ -52,8 +27,7 @@ from specdemo.plots import (
     throughput_figure,
     waiting,
 )
-from specdemo.prompts import check_prompt_lines
-from specdemo.render import (
+from specdemo.app.render import (
     CANDIDATES_CSS,
     LANES_CSS,
     LEGEND_HTML,
@@ -70,10 +44,36 @@ from specdemo.render import (
     summary_markdown,
     token_text,
 )
-from specdemo.resources import bound_allocator_arenas, openmp_workers_released
-from specdemo.sampling import penalised_scores
-from specdemo.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
-from specdemo.stats import compare_runs, emitted_ids, round_record, run_stats
+from specdemo.bench.prompts import check_prompt_lines
+from specdemo.config import (
+    MAX_NUM_CANDIDATES,
+    MAX_NUM_DRAFT_TOKENS,
+    MAX_PROMPT_CHARACTERS,
+    MAX_PROMPT_TOKENS,
+    SamplingConfig,
+    SpeculativeConfig,
+    check_prompt,
+    check_prompt_fits,
+    whole_number,
+)
+from specdemo.core.sampling import penalised_scores
+from specdemo.core.stats import compare_runs, emitted_ids, round_record, run_stats
+from specdemo.drafters.registry import drafter_names
+from specdemo.engine.decoding import Round
+from specdemo.engine.resources import bound_allocator_arenas, openmp_workers_released
+from specdemo.engine.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
+from specdemo.models.loading import (
+    DTYPE_CHOICES,
+    LOCAL_PATHS_VARIABLE,
+    OFFLINE_DEFAULT,
+    LoadedModel,
+    chat_prompt_ids,
+    dtype_reason,
+    pick_device,
+    resolve_dtype,
+)
+from specdemo.models.shared import ModelCache
+from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, Pair, custom_pair, find_pair, load_pair
 
 try:  # On a ZeroGPU Space, GPU work runs inside @spaces.GPU; elsewhere the package is absent and this is a no-op.
     import spaces
@@ -259,7 +259,7 @@ BATCH_EXAMPLE = "\n".join(
 
 def load_sweep() -> dict | None:
     """The measured batch sweep shipped with the app (bench --batch-sizes), or None when absent."""
-    path = Path(__file__).resolve().parent.parent / SWEEP_FILE
+    path = Path(__file__).resolve().parents[2] / SWEEP_FILE
     return json.loads(path.read_text()) if path.is_file() else None
 
 

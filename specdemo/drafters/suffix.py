@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedModel
 
 from specdemo.config import DEFAULT_SUFFIX_CACHE_TOKENS
-from specdemo.costs import pass_costs
-from specdemo.drafters import Draft, DraftRequest
-from specdemo.planning import PassCosts, plan_draft
+from specdemo.core.planning import PassCosts, plan_draft
+from specdemo.drafters.base import Draft, DraftRequest
+from specdemo.engine.costs import pass_costs
 
 MAX_MATCH = 8  # the longest suffix matched; the trie keeps strings one longer, so a match has a next token
 MATCH_BUCKETS = (1, 2, 3, 4, 6)  # match lengths calibrated apart: 1, 2, 3, 4-5, 6 and more

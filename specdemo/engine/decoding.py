@@ -13,12 +13,12 @@ from typing import Literal
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
-from specdemo.candidates import CandidateVerdict, Verify, verify_rows
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.drafters import Draft, Drafter, DraftRequest, NoDrafter
-from specdemo.planning import BatchCosts, Cut, Plan, plan_shared_pass
-from specdemo.sampling import build_warpers, greedy_token_ids, logits_to_probs
-from specdemo.tree_cache import RowRequest, TreeCachedModel
+from specdemo.core.candidates import CandidateVerdict, Verify, verify_rows
+from specdemo.core.planning import BatchCosts, Cut, Plan, plan_shared_pass
+from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs
+from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter
+from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 
 NextKind = Literal["resampled", "bonus"]
 

@@ -12,16 +12,16 @@ from dataclasses import replace
 
 import torch
 
-from specdemo.bench import TARGET_ONLY
+from specdemo.bench.prompts import BenchPrompt
+from specdemo.bench.single import TARGET_ONLY
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.costs import batch_costs
-from specdemo.decoding import batch_generate
-from specdemo.drafters import Drafter, NoDrafter
-from specdemo.models import LoadedModel, chat_prompt_ids
+from specdemo.core.planning import BatchCosts
+from specdemo.drafters.base import Drafter, NoDrafter
+from specdemo.engine.costs import batch_costs
+from specdemo.engine.decoding import batch_generate
+from specdemo.engine.scheduler import MAX_BATCH_ROWS
+from specdemo.models.loading import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, Pair, make_drafter
-from specdemo.planning import BatchCosts
-from specdemo.prompts import BenchPrompt
-from specdemo.scheduler import MAX_BATCH_ROWS
 
 HF_BATCHED = "HF generate batched"
 SHARED_CUT = "speculative, cut for shared passes (ours)"  # W = 1, drafts cut by the pass costs, as the app's batches

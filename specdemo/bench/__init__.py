@@ -1,0 +1,1 @@
+"""Benchmarks against Hugging Face generate: one prompt at a time, batched, and the app's streaming."""

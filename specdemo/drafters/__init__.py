@@ -1,0 +1,1 @@
+"""Drafters: the protocol every drafter follows, the registry of kinds, and one module per kind."""
