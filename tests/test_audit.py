@@ -3,6 +3,7 @@ model mode; the same seed gives the same counts; toy mode at N = 1,000,000 is qu
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -13,9 +14,11 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specdemo.audit.toy import BUGS, MODEL_BATCH_ROWS, TOY_PRESETS, model_audit, parse_weights, toy_audit
+from specdemo.audit import BUGS, MODEL_BATCH_ROWS, TOY_PRESETS, model_audit, parse_weights, toy_audit, verifier
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.verify import rejection_sample
 from specdemo.drafters.base import ModelDrafter
+from specdemo.engine.decoding import BatchDecoder
 from tests.conftest import TINY_VOCAB, assert_engine_stops_within_a_second, count_rounds, tiny_model, wait_for_rounds
 
 PLANTED = [bug for bug in BUGS if bug != "none"]
@@ -42,6 +45,35 @@ def test_every_planted_bug_fails_the_toy_audit(bug, num_candidates):
     )
     assert not result.passes, (bug, result.verdict)
     assert result.verdict.startswith("Not lossless")
+
+
+def test_the_control_and_every_planted_bug_wrap_the_rule_the_engine_runs(monkeypatch):
+    engine_rule = inspect.signature(BatchDecoder).parameters["verify"].default
+    assert rejection_sample.__globals__["verify_rows"] is engine_rule  # what rejection_sample (and the GPU tests) run
+    for bug in BUGS:
+        assert inspect.unwrap(verifier(bug)) is engine_rule, bug
+    calls = []  # and each calls the rule it was given
+
+    def counting_rule(*inputs):
+        calls.append(inputs[0].shape)
+        return engine_rule(*inputs)
+
+    for bug in BUGS:
+        verifier(bug, counting_rule)(*preset_inputs())
+    assert len(calls) == len(BUGS)
+
+
+def preset_inputs(rows: int = 4, w: int = 2, k: int = 3) -> tuple[torch.Tensor, ...]:
+    p, q = (t.float() for t in preset("overlapping"))
+    ids = torch.multinomial(q, rows * w * k, replacement=True, generator=torch.Generator().manual_seed(0))
+    uniforms = torch.rand(rows, k * w + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return (
+        ids.reshape(rows, w, k),
+        torch.full((rows, w), k),
+        q.expand(rows, w, k, -1),
+        p.expand(rows, w, k + 1, -1),
+        uniforms,
+    )
 
 
 def test_the_same_seed_gives_the_same_counts():

@@ -9,10 +9,16 @@ import time
 import pytest
 import torch
 
-from specdemo.audit.toy import chi_square_pvalue, tv_distance
-from specdemo.core.candidates import choose_draft_tokens, verify_batch, verify_candidates, verify_chains, verify_rows
+from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.core.sampling import sample_from_probs, sample_one
-from specdemo.core.verify import rejection_sample
+from specdemo.core.verify import (
+    choose_draft_tokens,
+    rejection_sample,
+    verify_candidates,
+    verify_chains,
+    verify_rows,
+    verify_tree,
+)
 
 V = 8
 START = 0  # the token before the first round
@@ -30,7 +36,7 @@ def markov_tables() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def verify_rule(tokens, lengths, draft_probs, target_probs, uniforms):
-    verdict = verify_batch(tokens, lengths, draft_probs, target_probs, uniforms)
+    verdict = verify_tree(tokens, lengths, draft_probs, target_probs, uniforms)
     return verdict.path, verdict.num_accepted, verdict.next_token_ids
 
 
@@ -55,7 +61,7 @@ def redrafter_rule(tokens, lengths, draft_probs, target_probs, uniforms):
 
 def resample_from_p_rule(tokens, lengths, draft_probs, target_probs, uniforms):
     """NOT lossless: the correct acceptance tests, then the next token from p at the node instead of what remains."""
-    verdict = verify_batch(tokens, lengths, draft_probs, target_probs, uniforms)
+    verdict = verify_tree(tokens, lengths, draft_probs, target_probs, uniforms)
     rows = tokens.shape[0]
     node = target_probs[torch.arange(rows), verdict.path, verdict.num_accepted]  # [N, V]
     return verdict.path, verdict.num_accepted, sample_from_probs(node, uniforms[:, -1])
@@ -150,7 +156,7 @@ def test_one_candidate_is_rejection_sample_bit_for_bit():
     tokens = torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=generator).reshape(rows, depth)
     expected = rejection_sample(tokens, draft_probs, target_probs, generator=torch.Generator().manual_seed(9))
     uniforms = torch.rand(rows, depth + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
-    verdict = verify_batch(
+    verdict = verify_tree(
         tokens[:, None], torch.full((rows, 1), depth), draft_probs[:, None], target_probs[:, None], uniforms
     )
     assert torch.equal(verdict.num_accepted, expected.num_accepted)
@@ -160,7 +166,7 @@ def test_one_candidate_is_rejection_sample_bit_for_bit():
 
 
 def test_one_candidate_chains_are_the_tree_rule_bit_for_bit(capsys):
-    """verify_chains (the engine's rule when every row has one candidate) gives verify_batch's whole verdict, on
+    """verify_chains (the engine's rule when every row has one candidate) gives verify_tree's whole verdict, on
     ragged lengths 0..K, sampled and one-hot drafts, one-hot (greedy) targets and rows where p == q."""
     generator = torch.Generator().manual_seed(11)
     rows, depth, vocab = 400, 5, 16
@@ -175,7 +181,7 @@ def test_one_candidate_chains_are_the_tree_rule_bit_for_bit(capsys):
     uniforms = torch.rand(rows, depth + 1, dtype=torch.float64, generator=generator)
     inputs = (tokens, lengths, draft_probs, target_probs, uniforms)
     started = time.perf_counter()
-    tree = verify_batch(*inputs)
+    tree = verify_tree(*inputs)
     tree_seconds = time.perf_counter() - started
     started = time.perf_counter()
     chains = verify_chains(*inputs)
@@ -194,7 +200,7 @@ def test_greedy_takes_the_longest_prefix_matching_the_argmax():
     argmax = [3, 1, 4, 1]  # the target's choice after each accepted prefix
     target_probs = torch.nn.functional.one_hot(torch.tensor(argmax), V).float().expand(3, 4, V)
     tokens = torch.tensor([[3, 2, 0], [3, 1, 4], [3, 1, 5]])  # accepts 1, accepts 3 (all), accepts 2
-    verdict = verify_batch(
+    verdict = verify_tree(
         tokens[None],
         torch.tensor([[3, 3, 3]]),
         torch.nn.functional.one_hot(tokens, V).float()[None],
@@ -214,7 +220,7 @@ def test_vmap_equals_the_per_sequence_loop_and_report_timings(capsys):
     lengths = torch.randint(1, depth + 1, (rows, num_candidates), generator=generator)
     uniforms = torch.rand(rows, depth * num_candidates + 1, dtype=torch.float64, generator=generator)
     started = time.perf_counter()
-    lifted = verify_batch(tokens, lengths, draft_probs, target_probs, uniforms)
+    lifted = verify_tree(tokens, lengths, draft_probs, target_probs, uniforms)
     vmap_seconds = time.perf_counter() - started
     started = time.perf_counter()
     looped = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdemo.audit.toy import chi_square_pvalue, tv_distance
+from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.sampling import build_warpers, logits_to_probs
 from specdemo.core.stats import emitted_ids, run_stats

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from specdemo.audit.toy import chi_square_pvalue, tv_distance
+from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.bench.prompts import PROMPTS
 from specdemo.bench.single import run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig

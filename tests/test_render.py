@@ -17,8 +17,8 @@ from specdemo.app.render import (
     summary_markdown,
     token_spans,
 )
+from specdemo.core.rounds import CandidateTrace
 from specdemo.core.stats import Comparison, compare_runs, run_stats
-from specdemo.engine.decoding import CandidateTrace
 from tests.conftest import make_round
 
 WORDS = {1: " the", 2: " cat", 3: " sat", 4: " on", 5: " a", 6: " mat", 99: "!"}

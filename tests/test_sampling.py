@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdemo.audit.toy import chi_square_pvalue, tv_distance
+from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig
 from specdemo.core.sampling import build_warpers, draw_uniforms, logits_to_probs, sample_from_probs
 

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from specdemo.audit.toy import chi_square_pvalue, tv_distance
+from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts, monotone, plan_draft
 from specdemo.core.stats import emitted_ids, run_stats

@@ -14,9 +14,10 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3NextConfig, Q
 
 from specdemo.cli.main import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.rounds import Round
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters.base import ModelDrafter, NgramDrafter
-from specdemo.engine.decoding import BatchDecoder, Round, autoregressive_generate, speculative_generate
+from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, speculative_generate
 from specdemo.models.loading import LoadedModel, chat_prompt_ids, load_model
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.tree_cache import (

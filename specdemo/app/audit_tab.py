@@ -16,7 +16,7 @@ import torch
 
 from specdemo.app.messages import user_error
 from specdemo.app.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
-from specdemo.audit.toy import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
+from specdemo.audit import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
 from specdemo.config import MAX_NUM_CANDIDATES, SamplingConfig, SpeculativeConfig, check_prompt, whole_number
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.models.loading import chat_prompt_ids

@@ -56,10 +56,10 @@ from specdemo.config import (
     check_prompt_fits,
     whole_number,
 )
+from specdemo.core.rounds import Round
 from specdemo.core.sampling import penalised_scores
 from specdemo.core.stats import compare_runs, emitted_ids, round_record, run_stats
 from specdemo.drafters.registry import drafter_names
-from specdemo.engine.decoding import Round
 from specdemo.engine.resources import bound_allocator_arenas, openmp_workers_released
 from specdemo.engine.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
 from specdemo.models.loading import (

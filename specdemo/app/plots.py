@@ -8,8 +8,8 @@ from itertools import accumulate
 
 import plotly.graph_objects as go
 
+from specdemo.core.rounds import Round
 from specdemo.core.stats import num_tested, position_counts, run_stats
-from specdemo.engine.decoding import Round
 
 COLOURS = {
     "accepted": "rgb(34,160,80)",

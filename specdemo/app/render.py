@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from specdemo.core.rounds import Round
 from specdemo.core.stats import Comparison, RunStats, run_stats
-from specdemo.engine.decoding import Round
 
 Kind = Literal["accepted", "rejected", "resampled", "bonus"]
 Decode = Callable[

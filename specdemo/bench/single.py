@@ -16,11 +16,11 @@ from transformers import PreTrainedModel
 
 from specdemo.bench.prompts import PROMPTS, BenchPrompt
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.rounds import Round
 from specdemo.core.stats import compare_runs, emitted_ids, run_stats
-from specdemo.core.verify import reference_rejection_sample, rejection_sample
 from specdemo.drafters.registry import DRAFTER_KINDS, build_drafter, is_model_free
 from specdemo.engine.costs import measure_pass_seconds, measured
-from specdemo.engine.decoding import Round, autoregressive_generate, speculative_generate
+from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.models.loading import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, Pair
 
@@ -258,45 +258,6 @@ def bench_pass_costs(
     return {size: seconds[size] / seconds[sizes[0]] for size in sizes}
 
 
-def bench_rejection_sampler(
-    batch_size: int = 8, num_draft_tokens: int = 5, vocab_size: int = 49152, repeats: int = 50
-) -> dict:
-    """Median time of rejection_sample against the per-token reference loop, on the same random inputs."""
-    generator = torch.Generator().manual_seed(0)
-
-    def random_probs(*shape: int) -> torch.Tensor:  # peaked, like a language model's distributions
-        weights = torch.rand(*shape, generator=generator) ** 8
-        return weights / weights.sum(dim=-1, keepdim=True)
-
-    target_probs = random_probs(batch_size, num_draft_tokens + 1, vocab_size)  # [B, K+1, V]
-    draft_probs = (target_probs[:, :num_draft_tokens] + random_probs(batch_size, num_draft_tokens, vocab_size)) / 2
-    draft_ids = torch.multinomial(draft_probs.reshape(-1, vocab_size), 1, generator=generator).reshape(
-        batch_size, num_draft_tokens
-    )  # [B, K]
-
-    def generators() -> list[torch.Generator]:
-        return [torch.Generator().manual_seed(row) for row in range(batch_size)]
-
-    def median_seconds(call: Callable[[], object]) -> float:
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
-    vectorised = median_seconds(lambda: rejection_sample(draft_ids, draft_probs, target_probs, generator=generators()))
-    loop = median_seconds(lambda: reference_rejection_sample(draft_ids, draft_probs, target_probs, generators()))
-    return {
-        "batch_size": batch_size,
-        "num_draft_tokens": num_draft_tokens,
-        "vocab_size": vocab_size,
-        "vectorised_ms": vectorised * 1e3,
-        "per_token_loop_ms": loop * 1e3,
-        "speedup": loop / vectorised,
-    }
-
-
 def markdown_table(results: dict) -> str:
     """The tables of BENCHMARKS.md, from bench JSON: per prompt, tokens/s, α, the speedup measured, accounted and
     predicted; then the median ratios."""
@@ -339,16 +300,6 @@ def markdown_table(results: dict) -> str:
         f"All outputs identical: {'yes' if summary['all outputs identical'] else 'NO'}. "
         f"Accounting within 5% on every prompt: {'yes' if summary['accounting within 5% on every prompt'] else 'NO'}.",
     ]
-    sampler = results.get("rejection_sampler")
-    if sampler:
-        lines += [
-            "",
-            (
-                f"`rejection_sample` at B={sampler['batch_size']}, K={sampler['num_draft_tokens']}, "
-                f"V={sampler['vocab_size']}: {sampler['vectorised_ms']:.2f} ms, against "
-                f"{sampler['per_token_loop_ms']:.2f} ms for the per-token reference loop ({sampler['speedup']:.1f}×)."
-            ),
-        ]
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ import torch
 from specdemo.app.render import ansi_text, token_spans
 from specdemo.bench.batch import batch_table, run_batch_bench
 from specdemo.bench.prompts import MAX_PROMPTS_FILE_LINES, PROMPTS, load_prompt_lines, load_prompts
-from specdemo.bench.single import bench_app, bench_pass_costs, bench_rejection_sampler, markdown_table, run_bench
+from specdemo.bench.single import bench_app, bench_pass_costs, markdown_table, run_bench
 from specdemo.config import (
     DEFAULT_SUFFIX_CACHE_TOKENS,
     MAX_BATCH_SIZE,
@@ -28,11 +28,12 @@ from specdemo.config import (
     check_prompt_fits,
 )
 from specdemo.core.planning import PassCosts
+from specdemo.core.rounds import Round
 from specdemo.core.stats import round_record, run_stats
 from specdemo.drafters.base import NoDrafter
 from specdemo.drafters.registry import drafter_names
 from specdemo.engine.costs import MEASURED_SIZES, batch_costs, measure_pass_seconds
-from specdemo.engine.decoding import Round, autoregressive_generate, batch_generate, speculative_generate
+from specdemo.engine.decoding import autoregressive_generate, batch_generate, speculative_generate
 from specdemo.engine.scheduler import MAX_BATCH_ROWS
 from specdemo.models.loading import (
     DTYPE_CHOICES,
@@ -314,7 +315,6 @@ def bench_command(args: argparse.Namespace) -> int:
     log = partial(print, flush=True)
     results = run_bench(target, draft, speculative, args.repeats, prompts, log=log, pair=pair)
     results["dtype_reason"] = dtype_reason(args.dtype, target.device)
-    results["rejection_sampler"] = bench_rejection_sampler()
     print(markdown_table(results))
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -386,4 +386,3 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_RUN_FAILED
-

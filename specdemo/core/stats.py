@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from specdemo.engine.decoding import Round
+from specdemo.core.rounds import Round
 
 
 @dataclass(frozen=True)

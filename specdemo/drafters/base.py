@@ -12,9 +12,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig
-from specdemo.core.candidates import choose_draft_tokens
 from specdemo.core.planning import Plan
 from specdemo.core.sampling import build_warpers, logits_to_probs
+from specdemo.core.verify import choose_draft_tokens
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 
 

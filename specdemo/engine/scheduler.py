@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.rounds import Round
 from specdemo.drafters.base import Drafter
 from specdemo.drafters.registry import NGRAM, build_drafter, is_model_free
 from specdemo.engine.costs import batch_costs, shared_costs
-from specdemo.engine.decoding import BatchDecoder, Round
+from specdemo.engine.decoding import BatchDecoder
 from specdemo.engine.resources import release_freed_memory
 from specdemo.models.loading import LoadedModel, Progress
 

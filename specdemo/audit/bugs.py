@@ -1,0 +1,70 @@
+"""The planted bugs: each a mistake real samplers made, planted around the very rule the engine runs (verify_rows),
+so the audit's control and its mutants run the same code."""
+
+# B = rows, W = num_candidates, K = num_draft_tokens, V = vocab_size
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from specdemo.core.sampling import sample_from_probs
+from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
+
+RAW_TEMPERATURE = 1.5  # the "wrong q" bug divides by the draft's distribution before this temperature
+BUGS = {
+    "none": "the project's sampler",
+    "resample from p": "after a rejection the next token comes from p instead of norm(max(0, p - q))",
+    "always accept": "every draft token is accepted",
+    "wrong q": f"the test uses the draft's raw distribution (before its temperature {RAW_TEMPERATURE:g}), not the "
+    "one it sampled from",
+    "shared uniform": "one uniform draw serves every test and the final draw",
+}
+
+
+def verifier(bug: str, rule: Verify = verify_rows) -> Verify:
+    """The engine's rule itself for "none", else that rule with the named bug planted around it; `inspect.unwrap`
+    of any of them is `rule`."""
+    if bug not in BUGS:
+        raise ValueError(f"Unknown bug {bug!r}: pick one of {', '.join(repr(b) for b in BUGS)}.")
+    if bug == "none":
+        return rule
+    planted = functools.partial(PLANTED[bug], rule)
+    functools.update_wrapper(planted, rule)  # planted.__wrapped__ is rule
+    return planted
+
+
+def _resampling_from_p(rule: Verify, ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
+    verdict = rule(ids, lengths, draft_probs, target_probs, uniforms)
+    rows = torch.arange(ids.shape[0])
+    node = target_probs[rows, verdict.path, verdict.num_accepted]  # [B, V] p where the next token is drawn
+    from_p = sample_from_probs(node, uniforms[:, -1])
+    stopped = verdict.num_accepted < lengths[rows, verdict.path]  # a rejection, not a bonus
+    return replace(verdict, next_token_ids=torch.where(stopped, from_p, verdict.next_token_ids))
+
+
+def _always_accepting(rule: Verify, ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
+    passing = uniforms.clone()
+    passing[:, :-1] = -1.0  # u * q < p for every drafted token (q > 0): every test passes
+    return rule(ids, lengths, draft_probs, target_probs, passing)
+
+
+def _with_raw_q(rule: Verify, ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
+    raw = draft_probs.double() ** RAW_TEMPERATURE  # softmax(l / T) ** T is proportional to softmax(l)
+    raw = (raw / raw.sum(dim=-1, keepdim=True).clamp(min=1e-300)).to(draft_probs.dtype)  # padding stays 0
+    return rule(ids, lengths, raw, target_probs, uniforms)
+
+
+def _with_one_uniform(rule: Verify, ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
+    return rule(ids, lengths, draft_probs, target_probs, uniforms[:, :1].expand_as(uniforms).contiguous())
+
+
+PLANTED: dict[str, Callable[..., CandidateVerdict]] = {
+    "resample from p": _resampling_from_p,
+    "always accept": _always_accepting,
+    "wrong q": _with_raw_q,
+    "shared uniform": _with_one_uniform,
+}
