@@ -11,16 +11,13 @@ MAX_NEW_TOKENS_LIMIT = 2048  # keeps a single run bounded in time and memory on 
 MAX_TOP_K = 1_000_000  # larger than any vocabulary; 0 disables top-k
 MAX_REPETITION_PENALTY = 10.0  # beyond this every repeated token is effectively banned
 MAX_TEMPERATURE = 10.0  # beyond this the distribution is uniform noise
-MAX_NGRAM_SIZE = 8
 MAX_NUM_CANDIDATES = 8  # W: candidate drafts per row per round; a pass then scores up to 1 + W*K tokens a row
 MAX_BATCH_SIZE = 32  # rows decoded together; the cache and the W*K-token tree grow with it
 MAX_PROMPT_CHARACTERS = 50_000  # refused before tokenizing: a pasted novel would take seconds just to tokenize
-DEFAULT_SUFFIX_CACHE_TOKENS = 20_000  # earlier outputs a suffix drafter remembers (the oldest are forgotten first)
-MAX_SUFFIX_CACHE_TOKENS = 200_000  # its trie keeps up to 9 nodes per token: bounded memory (README: how much)
 MAX_PROMPT_TOKENS = 4096  # half the offline default's context, so generation always has room
 
 
-def _check_number(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> None:
+def check_number(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> None:
     """Raise a ValueError naming `name` unless low <= value <= high (low < value when low_open)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise ValueError(f"{name} must be a number, got {value!r}.")
@@ -30,7 +27,7 @@ def _check_number(name: str, value: float, low: float, high: float, *, low_open:
         raise ValueError(f"{name} must be in {left}{low:g}, {high:g}], got {value!r}.")
 
 
-def _check_int(name: str, value: int, low: int, high: int) -> None:
+def check_int(name: str, value: int, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be a whole number, got {value!r}.")
     if not low <= value <= high:
@@ -48,11 +45,11 @@ class SamplingConfig:
     seed: int = 0  # seeds the run's torch.Generator, so a run is reproducible
 
     def __post_init__(self) -> None:
-        _check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
-        _check_int("top-k", self.top_k, 0, MAX_TOP_K)
-        _check_number("top-p", self.top_p, 0.0, 1.0, low_open=True)
-        _check_number("repetition penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
-        _check_int("seed", self.seed, 0, 2**63 - 1)
+        check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        check_int("top-k", self.top_k, 0, MAX_TOP_K)
+        check_number("top-p", self.top_p, 0.0, 1.0, low_open=True)
+        check_number("repetition penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
+        check_int("seed", self.seed, 0, 2**63 - 1)
         for name in ("temperature", "top_p", "repetition_penalty"):  # transformers' processors refuse ints
             object.__setattr__(self, name, float(getattr(self, name)))
 
@@ -63,27 +60,19 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """How much to speculate and how long to generate."""
+    """How much to speculate and how long to generate (a drafter's own options are its kind's: drafters/)."""
 
     num_draft_tokens: int = 5  # K; 5 balances acceptance and verify cost for prompt lookup on a CPU
     max_new_tokens: int = 128
-    max_ngram_size: int = 3  # prompt lookup tries the last 3 tokens as the search key, then fewer...
-    min_ngram_size: int = 2  # ...down to 2: one-token matches in free text are mostly noise, and on a CPU a
-    # rejected proposal costs a multi-token pass, dearer than a one-token step (bench --min-ngram-size 1); with W > 1
-    # the later candidates also follow one-token matches (drafters.NgramDrafter)
     draft_temperature: float | None = None  # None: a draft model samples with the target's settings
     num_candidates: int = 1  # W: drafts per round; the target scores all W in one pass and keeps the best path
-    suffix_cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS  # a suffix drafter's memory of earlier outputs
 
     def __post_init__(self) -> None:
-        _check_int("num-draft-tokens", self.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
-        _check_int("max-new-tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
-        _check_int("max-ngram-size", self.max_ngram_size, 1, MAX_NGRAM_SIZE)
-        _check_int("min-ngram-size", self.min_ngram_size, 1, self.max_ngram_size)
-        _check_int("num-candidates", self.num_candidates, 1, MAX_NUM_CANDIDATES)
-        _check_int("suffix-cache-tokens", self.suffix_cache_tokens, 0, MAX_SUFFIX_CACHE_TOKENS)
+        check_int("num-draft-tokens", self.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
+        check_int("max-new-tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
+        check_int("num-candidates", self.num_candidates, 1, MAX_NUM_CANDIDATES)
         if self.draft_temperature is not None:
-            _check_number("draft temperature", self.draft_temperature, 0.0, MAX_TEMPERATURE)
+            check_number("draft temperature", self.draft_temperature, 0.0, MAX_TEMPERATURE)
             object.__setattr__(self, "draft_temperature", float(self.draft_temperature))
 
     def draft_sampling(self, sampling: SamplingConfig) -> SamplingConfig:
@@ -95,7 +84,7 @@ class SpeculativeConfig:
 
 
 def check_batch_size(batch_size: int) -> None:
-    _check_int("batch-size", batch_size, 1, MAX_BATCH_SIZE)
+    check_int("batch-size", batch_size, 1, MAX_BATCH_SIZE)
 
 
 def check_prompt(text: str) -> None:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.config import SpeculativeConfig
 from specdemo.drafters.base import Drafter
-from specdemo.drafters.registry import DRAFTER_KINDS, NGRAM, SUFFIX, build_drafter, drafter_names, is_model_free
+from specdemo.drafters.registry import NGRAM, SUFFIX, drafter_names, is_model_free
+from specdemo.engine.drafting import build_drafter, prepare_drafter
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
 from specdemo.models.shared import ModelCache
 
@@ -20,7 +20,7 @@ class Pair:
     key: str
     label: str
     target: str  # an offline model name or a Hub id
-    drafter: str  # a model-free kind (drafter_kinds.DRAFTER_KINDS), or a model name sharing the target's tokenizer
+    drafter: str  # a model-free kind (drafters.registry.DRAFTER_KINDS), or a model name sharing the target's tokenizer
     note: str
     needs_hub: bool  # False: runs with no network (offline packages)
     suggested_hardware: str  # "cpu" or "gpu"
@@ -180,13 +180,13 @@ def load_pair(
     whose tokenizer differs from the target's before anything runs."""
     target = cache.get(pair.target, progress, device=device, allow_local=allow_local, dtype=dtype)
     if not pair.uses_draft_model:
-        DRAFTER_KINDS[pair.drafter].prepare(target, progress)  # e.g. measure pass costs, outside any run's time
+        prepare_drafter(pair.drafter, target, progress)  # e.g. measure pass costs, outside any run's time
         return target, None
     draft = cache.get(pair.drafter, progress, device=target.device, allow_local=allow_local, dtype=dtype)
     check_same_tokenizer(target, draft)
     return target, draft
 
 
-def make_drafter(pair: Pair, target: LoadedModel, draft: LoadedModel | None, speculative: SpeculativeConfig) -> Drafter:
-    """A fresh drafter for the pair (its state is its own)."""
-    return build_drafter(pair.drafter, target, draft, speculative)
+def make_drafter(pair: Pair, target: LoadedModel, draft: LoadedModel | None, options: object | None = None) -> Drafter:
+    """A fresh drafter for the pair (its state is its own), with its kind's `options` (None: the defaults)."""
+    return build_drafter(pair.drafter, target, draft, options)

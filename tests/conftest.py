@@ -18,7 +18,7 @@ import specdemo.app.page as ui
 from specdemo.app.page import EXAMPLES
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rounds import Round
-from specdemo.drafters.base import Drafter
+from specdemo.drafters import Drafter
 from specdemo.engine.decoding import BatchDecoder, batch_generate
 from specdemo.engine.resources import release_openmp_workers
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model

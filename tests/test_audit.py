@@ -17,7 +17,7 @@ from gradio_client.exceptions import AppError
 from specdemo.audit import BUGS, MODEL_BATCH_ROWS, TOY_PRESETS, model_audit, parse_weights, toy_audit, verifier
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.verify import rejection_sample
-from specdemo.drafters.base import ModelDrafter
+from specdemo.drafters import ModelDrafter
 from specdemo.engine.decoding import BatchDecoder
 from tests.conftest import TINY_VOCAB, assert_engine_stops_within_a_second, count_rounds, tiny_model, wait_for_rounds
 

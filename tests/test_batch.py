@@ -10,7 +10,7 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.sampling import build_warpers, logits_to_probs, sample_from_probs
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
-from specdemo.drafters.base import ModelDrafter, NgramDrafter, find_ngram_continuations
+from specdemo.drafters import ModelDrafter, NgramDrafter, find_ngram_continuations
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder, speculative_generate
 from tests.conftest import TINY_VOCAB, assert_equal_or_near_tie
@@ -39,7 +39,7 @@ def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(tiny_target, tiny
 
     def drafter():
         if drafter_kind == "suffix":
-            return SuffixDrafter(tiny_target, cache_tokens=0, costs=FREE)
+            return SuffixDrafter(FREE, cache_tokens=0)
         return NgramDrafter(3, 1) if drafter_kind == "ngram" else ModelDrafter(tiny_draft, None, TINY_VOCAB)
 
     def spec(limit: int) -> SpeculativeConfig:
@@ -84,7 +84,7 @@ def single_chain_reference(target, draft, prompt, sampling, spec) -> list[int]:
         num_draft = min(spec.num_draft_tokens, spec.max_new_tokens - len(emitted) - 1)
         drafts, draft_probs = [], []
         if draft is None:
-            found = find_ngram_continuations(torch.tensor(sequence), num_draft, 1, spec.max_ngram_size, 1)
+            found = find_ngram_continuations(torch.tensor(sequence), num_draft, 1, 3, 1)
             drafts = found[0] if found and num_draft else []
         for _ in range(num_draft if draft is not None else 0):
             context = torch.tensor([sequence + drafts])
@@ -114,7 +114,7 @@ def single_chain_reference(target, draft, prompt, sampling, spec) -> list[int]:
 @pytest.mark.parametrize("drafter_kind", ["ngram", "model"])
 def test_one_candidate_reproduces_the_single_chain_algorithm(tiny_target, tiny_draft, drafter_kind, row):
     sampling, limit = SETTINGS[row]
-    spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=limit, max_ngram_size=3, min_ngram_size=1)
+    spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=limit)
     drafter = NgramDrafter(3, 1) if drafter_kind == "ngram" else ModelDrafter(tiny_draft, None, TINY_VOCAB)
     engine = emitted_ids(run_alone(tiny_target, drafter, PROMPTS[row], sampling, spec))
     draft = None if drafter_kind == "ngram" else tiny_draft

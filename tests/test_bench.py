@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specdemo.bench.batch import HF_BATCHED, SHARED_CUT, run_batch_bench
-from specdemo.bench.prompts import BenchPrompt, load_prompts
+from specdemo.bench.prompts import JSON_LINES, PLAIN_LINES, BenchPrompt, load_prompts, read_prompts_file
 from specdemo.bench.single import (
     ACCOUNTING_TOLERANCE,
     HF_GENERATE,
@@ -40,7 +40,7 @@ def write_lines(tmp_path, *lines: str):
         ('["name", "grounded", "text"]', "line 2 is not a JSON object"),
         ('{"name": "x", "grounded": true, "text": "   "}', "line 2 has an empty text"),
         ('{"name": "x", "grounded": true, "txt": "hi"}', "line 2 has the unknown key 'txt'"),
-        ('{"name": "x", "text": "hi"}', "line 2 lacks the key 'grounded'"),
+        ('{"name": "x", "grounded": true}', "line 2 lacks the key 'text'"),
         ('{"name": "x", "grounded": "yes", "text": "hi"}', "line 2 has grounded = 'yes': use true or false"),
         ('{"name": "", "grounded": true, "text": "hi"}', "line 2 has an empty or non-text name"),
         ('{"name": "x", "grounded": true, "text": "a\\u0000b"}', "line 2: The prompt contains the control character"),
@@ -65,6 +65,24 @@ def test_blank_lines_are_skipped_and_prompts_keep_their_order(tmp_path):
     other = {**GOOD, "name": "free", "grounded": False}
     prompts = load_prompts(write_lines(tmp_path, json.dumps(GOOD), "", json.dumps(other)))
     assert [(p.name, p.grounded) for p in prompts] == [("copy", True), ("free", False)]
+
+
+def test_one_format_for_both_commands_says_which_it_read(tmp_path):
+    """JSON lines (only "text" required; a text may span lines) or plain text, one prompt per line; both commands read
+    them the same way. Before, `generate` decoded each JSON object of the bench's file as a prompt."""
+    plain = tmp_path / "prompts.txt"
+    plain.write_text('Write a haiku.\n\n{"this": is not JSON} to YAML\n')
+    read = read_prompts_file(plain)
+    assert read.format == PLAIN_LINES and [p.text for p in read.prompts] == [
+        "Write a haiku.",
+        '{"this": is not JSON} to YAML',
+    ]
+    assert [p.grounded for p in read.prompts] == [None, None]
+    multi_line = {"text": "Fix the spelling:\n\nTeh cat sat."}
+    lines = tmp_path / "prompts.txt"
+    lines.write_text(json.dumps(multi_line) + "\n" + json.dumps(GOOD) + "\n")  # .txt, but its first line is an object
+    read = read_prompts_file(lines)
+    assert read.format == JSON_LINES and read.prompts[0].text == multi_line["text"] and read.prompts[0].name == "line-1"
 
 
 def test_bench_reports_measured_accounted_and_predicted_speedups(offline_model, tmp_path):

@@ -35,8 +35,14 @@ PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesd
         (["--draft-temperature", "-2"], "draft temperature must be in [0, 10]"),
         (["--draft", "sufix"], "'sufix' is not a valid model id"),
         (["--draft", "sufix"], "a drafter may also be 'ngram' or 'suffix'."),
-        (["--suffix-cache-tokens", "-1"], "suffix-cache-tokens must be between 0 and 200000, got -1."),
-        (["--suffix-cache-tokens", "300000"], "suffix-cache-tokens must be between 0 and 200000, got 300000."),
+        (
+            ["--draft", "suffix", "--suffix-cache-tokens", "-1"],
+            "suffix-cache-tokens must be between 0 and 200000, got -1.",
+        ),
+        (["--draft", "suffix", "--suffix-cache-tokens", "300000"], "suffix-cache-tokens must be between 0 and 200000"),
+        (["--suffix-cache-tokens", "10"], "--suffix-cache-tokens is an option of --draft suffix, and this run drafts"),
+        (["--max-ngram-size", "9"], "max-ngram-size must be between 1 and 8, got 9."),
+        (["--max-ngram-size", "2", "--min-ngram-size", "3"], "min-ngram-size must be at most max-ngram-size (2)"),
     ],
 )
 def test_bad_settings_exit_2_with_one_sentence(arguments, message, capsys):
@@ -91,13 +97,13 @@ def test_bad_input_gives_no_traceback_in_a_real_process():
 
 
 def test_a_failing_run_is_one_sentence_and_exit_1_and_debug_shows_the_traceback(monkeypatch, capsys):
-    import specdemo.cli.main as cli
+    import specdemo.cli.generate as cli
 
     def failing(*args, **kwargs):
         yield from ()
         raise RuntimeError("crop was called, but the current layer does not track past states\nsecond line")
 
-    monkeypatch.setattr(cli, "speculative_generate", failing)
+    monkeypatch.setattr(cli, "batch_generate", failing)
     assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "4"]) == 1
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error == (
@@ -159,11 +165,14 @@ def test_an_unknown_dtype_gets_one_sentence_naming_the_choices(command, capsys):
 @pytest.mark.parametrize(
     ("lines", "arguments", "message"),
     [
-        (None, [], "does not exist: give the path of a text file"),
-        ([], [], "is empty: write one prompt per line"),
-        (["hi"] * 257, [], "has 257 lines; the limit is 256: split it"),
-        (["hi", "  ", "there"], [], "Line 2 of"),
-        (["hi", "x" * 50_001], [], "Line 2 of"),
+        (None, [], "Cannot read the prompts file"),
+        ([], [], "holds no prompts: write one prompt per line, or one JSON object per line"),
+        (["  ", ""], [], "holds no prompts"),
+        (["hi"] * 257, [], "holds 257 prompts; the limit is 256: split it"),
+        (["hi", "x" * 50_001], [], "prompts.txt, line 2: The prompt is 50,001 characters"),
+        (["hi", "a\u0000b"], [], "prompts.txt, line 2: The prompt contains the control character U+0000"),
+        (['{"text": "hi"}', '{"txt": "there"}'], [], "line 2 has the unknown key 'txt'"),
+        (['{"text": "hi"}', "there"], [], "line 2 is not valid JSON"),
         (["hi"], ["--batch-size", "33"], "batch-size must be between 1 and 32"),
         (["hi"], ["--batch-size", "0"], "batch-size must be between 1 and 32"),
         (["hi"], ["--num-candidates", "9"], "num-candidates must be between 1 and 8"),

@@ -9,7 +9,7 @@ from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.sampling import build_warpers, logits_to_probs
 from specdemo.core.stats import emitted_ids, run_stats
-from specdemo.drafters.base import DraftRequest, ModelDrafter, NgramDrafter
+from specdemo.drafters import DraftRequest, ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from tests.conftest import TINY_VOCAB, hf_greedy, seeded_runs
 

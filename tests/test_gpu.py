@@ -21,7 +21,7 @@ from specdemo.bench.single import run_bench
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids, run_stats
 from specdemo.core.verify import rejection_sample
-from specdemo.drafters.base import ModelDrafter, NgramDrafter
+from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model, resolve_dtype
 from tests.conftest import SPELLING, TINY_VOCAB, hf_greedy, launched_app, tiny_model

@@ -9,7 +9,7 @@ import pytest
 from specdemo.bench.prompts import PROMPTS
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids, run_stats
-from specdemo.drafters.base import ModelDrafter, NgramDrafter
+from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.models.loading import chat_prompt_ids
 from tests.conftest import hf_greedy

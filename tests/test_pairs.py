@@ -52,7 +52,7 @@ def test_every_offline_pair_loads_and_runs_a_round(pair, offline_model):
     cache.put(offline_model)  # the session's already-loaded default
     target, draft = load_pair(pair, cache, device=torch.device("cpu"))
     spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=4, draft_temperature=pair.draft_temperature)
-    drafter = make_drafter(pair, target, draft, spec)
+    drafter = make_drafter(pair, target, draft)
     prompt_ids = chat_prompt_ids(target, "Repeat after me: one two three, one two three.")
     first = next(speculative_generate(target.model, drafter, prompt_ids, SamplingConfig(), spec, target.eos_token_ids))
     assert 1 <= len(first.emitted_token_ids) <= 4

@@ -14,7 +14,7 @@ import specdemo.engine.decoding
 import specdemo.engine.scheduler
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids
-from specdemo.drafters.base import ModelDrafter, NgramDrafter
+from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.engine.scheduler import DecodeRequest, Scheduler
 from tests.conftest import TINY_VOCAB

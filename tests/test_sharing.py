@@ -10,7 +10,7 @@ from specdemo.app.render import cut_note
 from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import BatchCosts, plan_shared_pass
-from specdemo.drafters.base import ModelDrafter, NgramDrafter
+from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.costs import SHARED_WIDTHS, batch_costs, shared_costs
 from specdemo.engine.decoding import BatchDecoder
 from tests.conftest import TINY_VOCAB

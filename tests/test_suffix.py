@@ -4,6 +4,7 @@ against a simulation, learning from the row's own outcomes, greedy parity and th
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts, monotone, plan_draft
 from specdemo.core.stats import emitted_ids, run_stats
 from specdemo.drafters.suffix import MAX_MATCH, PRIOR_RATIOS, SuffixDrafter, SuffixTrie, _RowState
+from specdemo.engine.costs import pass_costs
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from tests.conftest import TINY_VOCAB, hf_greedy, seeded_runs
 from tests.test_decoding import EOS, NO_EOS, PARITY_PROMPTS, PROMPT, exact_marginals
@@ -55,7 +57,7 @@ def test_earlier_outputs_stay_within_their_memory_limit(tiny_target):
     """Twenty rows of 30 tokens leave a drafter that remembers 50 tokens: it keeps the latest outputs only, its trie
     counts exactly those, and it never holds more than MAX_MATCH + 1 nodes per remembered token."""
     generator = random.Random(0)
-    drafter = SuffixDrafter(tiny_target, cache_tokens=50)
+    drafter = SuffixDrafter(partial(pass_costs, tiny_target), cache_tokens=50)
     outputs = []
     for row in range(20):
         prompt = [generator.randrange(TINY_VOCAB) for _ in range(5)]
@@ -145,7 +147,7 @@ def test_a_rows_history_everywhere_scales_what_it_expects_where_it_has_none():
 @pytest.mark.parametrize("prompt", PARITY_PROMPTS.values(), ids=PARITY_PROMPTS.keys())
 def test_greedy_parity_suffix_drafter(tiny_target, prompt):
     greedy, spec = SamplingConfig(), SpeculativeConfig(num_draft_tokens=8, max_new_tokens=50)
-    rounds = list(speculative_generate(tiny_target, SuffixDrafter(tiny_target, costs=FREE), prompt, greedy, spec, EOS))
+    rounds = list(speculative_generate(tiny_target, SuffixDrafter(FREE), prompt, greedy, spec, EOS))
     assert emitted_ids(rounds) == hf_greedy(tiny_target, prompt, 50, EOS)
     assert run_stats(rounds).num_accepted > 0 and all(r.plan is not None for r in rounds[:-1])
 
@@ -159,7 +161,7 @@ def test_greedy_parity_suffix_drafter_on_the_real_model(offline_model):
         SamplingConfig(),
         offline_model.eos_token_ids,
     )
-    drafter = SuffixDrafter(offline_model.model, costs=COSTS)
+    drafter = SuffixDrafter(COSTS)
     rounds = list(speculative_generate(offline_model.model, drafter, prompt_ids, greedy, spec, eos))
     alone = list(autoregressive_generate(offline_model.model, prompt_ids, greedy, 48, eos))
     assert emitted_ids(rounds) == emitted_ids(alone)
@@ -179,7 +181,7 @@ def test_sampled_tokens_with_suffix_drafts_follow_the_target_only_distribution(t
     spec = SpeculativeConfig(num_draft_tokens=2, max_new_tokens=num_tokens)
     counts = torch.zeros(num_tokens, TINY_VOCAB, dtype=torch.float64)
     drafted = accepted = refused = 0
-    for rounds in seeded_runs(tiny_target, SuffixDrafter(tiny_target, costs=FREE), prompt, sampling, spec, num_runs):
+    for rounds in seeded_runs(tiny_target, SuffixDrafter(FREE), prompt, sampling, spec, num_runs):
         for position, token in enumerate(emitted_ids(rounds)):
             counts[position, token] += 1
         drafted += sum(bool(r.draft_token_ids) for r in rounds)

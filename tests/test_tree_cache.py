@@ -16,7 +16,7 @@ from specdemo.cli.main import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rounds import Round
 from specdemo.core.stats import emitted_ids
-from specdemo.drafters.base import ModelDrafter, NgramDrafter
+from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, speculative_generate
 from specdemo.models.loading import LoadedModel, chat_prompt_ids, load_model
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
@@ -175,7 +175,7 @@ def test_a_batch_that_rows_keep_joining_attends_over_what_its_rows_hold(tiny_tar
     rng = random.Random(3)
     prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(12, 30))] for _ in range(20)]
     samplings = [SamplingConfig(temperature=0.9 * (i % 2), seed=i) for i in range(20)]
-    spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=16, num_candidates=2, min_ngram_size=1)
+    spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=16, num_candidates=2)
 
     def drafter() -> NgramDrafter | ModelDrafter:
         return NgramDrafter(3, 1) if drafter_kind == "ngram" else ModelDrafter(tiny_draft, None, TINY_VOCAB)
@@ -254,7 +254,7 @@ def test_gemma_greedy_parity_with_rejections_past_the_window(gemma):
     window = gemma.model.config.sliding_window
     assert window == 512 and prompt_ids.shape[1] >= 700, (window, prompt_ids.shape)
     spec = SpeculativeConfig(max_new_tokens=24)  # drafts rejected from the second round on
-    drafter = make_drafter(find_pair("gemma-3-270m-ngram"), gemma, None, spec)
+    drafter = make_drafter(find_pair("gemma-3-270m-ngram"), gemma, None)
     assert isinstance(drafter, NgramDrafter)
     rounds = list(speculative_generate(gemma.model, drafter, prompt_ids, GREEDY, spec, gemma.eos_token_ids))
     assert rejections_past(rounds, prompt_ids.shape[1], window), [(r.draft_token_ids, r.num_accepted) for r in rounds]

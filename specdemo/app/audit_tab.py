@@ -239,7 +239,7 @@ def build_audit_tab(cache: ModelCache, models_lock: threading.Lock) -> None:
             partial(
                 model_audit,
                 target.model,
-                make_drafter(chosen, target, draft, speculative),
+                make_drafter(chosen, target, draft),
                 target.eos_token_ids,
                 prompt_ids,
                 sampling,

@@ -44,7 +44,6 @@ from specdemo.app.render import (
     summary_markdown,
     token_text,
 )
-from specdemo.bench.prompts import check_prompt_lines
 from specdemo.config import (
     MAX_NUM_CANDIDATES,
     MAX_NUM_DRAFT_TOKENS,
@@ -589,7 +588,14 @@ def batch_prompts(prompts: str | list[str]) -> list[str]:
         )
     if not all(isinstance(line, str) for line in lines):
         raise ValueError("Every prompt of the batch must be text: send a list of strings.")
-    return check_prompt_lines(lines, "the batch")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise ValueError(f"Line {number} of the batch is empty: remove it or write a prompt on it.")
+        try:
+            check_prompt(line)
+        except ValueError as error:
+            raise ValueError(f"Line {number} of the batch: {error}") from None
+    return lines
 
 
 def stream_batch(run: Run, texts: list[str], encoded: list[torch.Tensor], sweep: dict | None) -> Iterator[tuple]:

@@ -98,13 +98,11 @@ def run_batch_bench(
                 HF_BATCHED: lambda: _hf_batched(target, work, b, max_new_tokens),
                 TARGET_ONLY: lambda: _ours(target, NoDrafter(), work, b, budget),
             }
-            methods[SHARED_CUT] = lambda: _ours(
-                target, make_drafter(pair, target, draft, budget), work, b, budget, costs
-            )
+            methods[SHARED_CUT] = lambda: _ours(target, make_drafter(pair, target, draft), work, b, budget, costs)
             for w in candidates:
                 spec_w = replace(budget, num_candidates=w)
                 methods[f"speculative W={w} (ours)"] = lambda s=spec_w: _ours(
-                    target, make_drafter(pair, target, draft, s), work, b, s
+                    target, make_drafter(pair, target, draft), work, b, s
                 )
             return methods
 

@@ -1,9 +1,9 @@
-"""Benchmark prompts: the built-in set, and a user's own from a JSON-lines file, checked line by line."""
+"""Prompts: the built-in benchmark set, and a prompts file (JSON lines or plain text), checked line by line."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from specdemo.config import check_prompt
@@ -12,7 +12,7 @@ from specdemo.config import check_prompt
 @dataclass(frozen=True)
 class BenchPrompt:
     name: str
-    grounded: bool  # True: the answer draws on text in the prompt (where prompt lookup should pay off)
+    grounded: bool | None  # True: the answer draws on text in the prompt (where copying pays off); None: not said
     text: str
 
 
@@ -61,79 +61,94 @@ PROMPTS: tuple[BenchPrompt, ...] = (
 )
 
 
-PROMPT_KEYS = frozenset(field.name for field in fields(BenchPrompt))
+PROMPT_KEYS = ("text", "name", "grounded")  # only text is required
+MAX_PROMPTS_FILE_LINES = 256  # a prompts file is decoded in one process; more belongs in several runs
+JSON_LINES, PLAIN_LINES = "JSON lines", "plain text, one prompt per line"
 
 
-def load_prompts(path: str | Path) -> tuple[BenchPrompt, ...]:
-    """Prompts from a JSON-lines file, one object per line with `name`, `grounded` and `text`; blank lines are
-    skipped. A ValueError names the line of the first problem."""
+@dataclass(frozen=True)
+class PromptsFile:
+    """The prompts of a file, and which of the two formats it was read as (the command line says so)."""
+
+    prompts: tuple[BenchPrompt, ...]
+    format: str  # JSON_LINES or PLAIN_LINES
+
+
+def read_prompts_file(path: str | Path) -> PromptsFile:
+    """One format for `generate --prompts-file` and `bench --prompts`: JSON lines (a file ending in .jsonl, or whose
+    first line is a JSON object: one object per line with `text`, and optionally `name` and `grounded`; a text may hold
+    newlines, written as \\n), else plain text, one prompt per line. Blank lines are skipped. Every prompt is checked
+    before anything runs; a ValueError names the line of the first problem."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
         raise ValueError(
             f"Cannot read the prompts file '{path}' ({error.__class__.__name__}): check the path."
         ) from error
-    prompts = [parse_prompt_line(line, number, path) for number, line in enumerate(lines, 1) if line.strip()]
-    if not prompts:
-        raise ValueError(f"The prompts file '{path}' holds no prompts: write one JSON object per line.")
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if not numbered:
+        raise ValueError(
+            f"The prompts file '{path}' holds no prompts: write one prompt per line, or one JSON object per line."
+        )
+    if len(numbered) > MAX_PROMPTS_FILE_LINES:
+        raise ValueError(
+            f"The prompts file '{path}' holds {len(numbered)} prompts; the limit is {MAX_PROMPTS_FILE_LINES}: split it."
+        )
+    as_json = str(path).endswith(".jsonl") or _is_json_object(numbered[0][1])
+    parse = parse_prompt_line if as_json else _plain_prompt
+    prompts = tuple(parse(line, number, path) for number, line in numbered)
     names = [prompt.name for prompt in prompts]
     repeated = next((name for name in names if names.count(name) > 1), None)
     if repeated is not None:
         raise ValueError(f"The prompts file '{path}' names '{repeated}' twice: give each prompt its own name.")
-    return tuple(prompts)
+    return PromptsFile(prompts, JSON_LINES if as_json else PLAIN_LINES)
+
+
+def load_prompts(path: str | Path) -> tuple[BenchPrompt, ...]:
+    """The prompts of a prompts file (read_prompts_file)."""
+    return read_prompts_file(path).prompts
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _plain_prompt(line: str, number: int, path: str | Path) -> BenchPrompt:
+    _check_text(line, f"{path}, line {number}")
+    return BenchPrompt(f"line-{number}", None, line)
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        check_prompt(text)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
 
 
 def parse_prompt_line(line: str, number: int, path: str | Path) -> BenchPrompt:
+    """One JSON line: an object with `text`, and optionally `name` (default line-N) and `grounded` (true or false)."""
     where = f"{path}, line {number}"
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise ValueError(f"{where} is not valid JSON ({error.msg}): write one object per line.") from error
     if not isinstance(record, dict):
-        raise ValueError(f'{where} is not a JSON object: write {{"name": ..., "grounded": ..., "text": ...}}.')
-    unknown, missing = sorted(set(record) - PROMPT_KEYS), sorted(PROMPT_KEYS - set(record))
+        raise ValueError(f'{where} is not a JSON object: write {{"text": ..., "name": ..., "grounded": ...}}.')
+    unknown = sorted(set(record) - set(PROMPT_KEYS))
     if unknown:
-        raise ValueError(f"{where} has the unknown key '{unknown[0]}': the keys are name, grounded and text.")
-    if missing:
-        raise ValueError(f"{where} lacks the key '{missing[0]}': the keys are name, grounded and text.")
-    if not isinstance(record["name"], str) or not record["name"].strip():
-        raise ValueError(f"{where} has an empty or non-text name: name each prompt.")
-    if not isinstance(record["grounded"], bool):
-        raise ValueError(f"{where} has grounded = {record['grounded']!r}: use true or false.")
+        raise ValueError(f"{where} has the unknown key '{unknown[0]}': the keys are text, name and grounded.")
+    if "text" not in record:
+        raise ValueError(f"{where} lacks the key 'text': give each object the prompt's text.")
+    name = record.get("name", f"line-{number}")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{where} has an empty or non-text name: name each prompt, or leave the name out.")
+    grounded = record.get("grounded")
+    if grounded is not None and not isinstance(grounded, bool):
+        raise ValueError(f"{where} has grounded = {grounded!r}: use true or false, or leave it out.")
     if not isinstance(record["text"], str) or not record["text"].strip():
         raise ValueError(f"{where} has an empty text: give the prompt some text.")
-    try:
-        check_prompt(record["text"])
-    except ValueError as error:
-        raise ValueError(f"{where}: {error}") from error
-    return BenchPrompt(record["name"].strip(), record["grounded"], record["text"])
-
-
-MAX_PROMPTS_FILE_LINES = 256  # a prompts file is decoded in one process; more belongs in several runs
-
-
-def load_prompt_lines(path: str) -> list[str]:
-    """A prompts file for `generate --prompts-file`: one prompt per line, every line checked before anything runs."""
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"The prompts file {path} does not exist: give the path of a text file, one prompt per line.")
-    lines = file.read_text(encoding="utf-8").splitlines()
-    if not lines:
-        raise ValueError(f"The prompts file {path} is empty: write one prompt per line.")
-    if len(lines) > MAX_PROMPTS_FILE_LINES:
-        raise ValueError(
-            f"The prompts file {path} has {len(lines)} lines; the limit is {MAX_PROMPTS_FILE_LINES}: split it."
-        )
-    return check_prompt_lines(lines, f"{path}")
-
-
-def check_prompt_lines(lines: list[str], source: str) -> list[str]:
-    """Every line a prompt: an empty or bad line is refused with its number ("Line 3 of the batch is empty: ...")."""
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            raise ValueError(f"Line {number} of {source} is empty: remove it or write a prompt on it.")
-        try:
-            check_prompt(line)
-        except ValueError as error:
-            raise ValueError(f"Line {number} of {source}: {error}") from None
-    return lines
+    _check_text(record["text"], where)
+    return BenchPrompt(name.strip(), grounded, record["text"])

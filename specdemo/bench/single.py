@@ -5,11 +5,11 @@ with the speedup explained per prompt (tokens per pass over round cost) and Levi
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 
 import torch
 from transformers import PreTrainedModel
@@ -18,9 +18,10 @@ from specdemo.bench.prompts import PROMPTS, BenchPrompt
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rounds import Round
 from specdemo.core.stats import compare_runs, emitted_ids, run_stats
-from specdemo.drafters.registry import DRAFTER_KINDS, build_drafter, is_model_free
+from specdemo.drafters.registry import DRAFTER_KINDS, is_model_free
 from specdemo.engine.costs import measure_pass_seconds, measured
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
+from specdemo.engine.drafting import build_drafter
 from specdemo.models.loading import LoadedModel, chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, Pair
 
@@ -30,7 +31,11 @@ Method = Callable[[torch.Tensor], tuple[list[int], list[Round]]]  # prompt_ids [
 
 
 def bench_methods(
-    drafter_name: str, target: LoadedModel, draft: LoadedModel | None, speculative: SpeculativeConfig
+    drafter_name: str,
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    speculative: SpeculativeConfig,
+    options: object | None = None,  # the drafter kind's options; None: its defaults
 ) -> dict[str, Method]:
     """The four ways of decoding greedily that the table compares; all must produce the same tokens. The peer is
     Hugging Face's own speculative decoding with the same drafter: prompt lookup, or the draft model."""
@@ -42,7 +47,7 @@ def bench_methods(
         return emitted_ids(rounds), rounds
 
     def ours_speculative(prompt_ids: torch.Tensor) -> tuple[list[int], list[Round]]:
-        drafter = build_drafter(drafter_name, target, draft, speculative)  # fresh: no memory of earlier runs
+        drafter = build_drafter(drafter_name, target, draft, options)  # fresh: no memory of earlier runs
         rounds = list(speculative_generate(model, drafter, prompt_ids, greedy, speculative, eos))
         return emitted_ids(rounds), rounds
 
@@ -89,9 +94,10 @@ def run_bench(
     prompts: tuple[BenchPrompt, ...] = PROMPTS,
     log: Callable[[str], None] = lambda line: None,
     pair: Pair = DEFAULT_PAIR,
+    options: object | None = None,  # the pair's drafter kind's options; None: its defaults
 ) -> dict:
     """Every method on every prompt, the order rotated each time so no method always runs first or warm."""
-    methods = bench_methods(pair.drafter, target, draft, speculative)
+    methods = bench_methods(pair.drafter, target, draft, speculative, options)
     names = list(methods)
     warm_ids = chat_prompt_ids(target, "Hello!")
     for method in methods.values():
@@ -125,7 +131,7 @@ def run_bench(
         "torch": torch.__version__,
         "num_draft_tokens": speculative.num_draft_tokens,
         "max_new_tokens": speculative.max_new_tokens,
-        "min_ngram_size": speculative.min_ngram_size,
+        "drafter_options": None if options is None else asdict(options),
         "repeats": repeats,
         # t(n)/t(1) as a cost-aware drafter measured it at load, to set beside the rows' verify_cost_by_k
         "planner_costs": None
@@ -197,8 +203,9 @@ def summarise(rows: list[dict], names: list[str]) -> dict:
 
     summary: dict = {}
     for label, group in (
-        ("grounded", [r for r in rows if r["grounded"]]),
-        ("open", [r for r in rows if not r["grounded"]]),
+        ("grounded", [r for r in rows if r["grounded"] is True]),
+        ("open", [r for r in rows if r["grounded"] is False]),
+        ("unlabelled", [r for r in rows if r["grounded"] is None]),  # a prompts file that does not say
     ):
         if not group:
             continue
@@ -235,7 +242,7 @@ def _same_text(rows: list[dict]) -> list[dict]:
 def format_row(row: dict, names: list[str]) -> str:
     speeds = "  ".join(f"{row['tokens_per_second'][name]:6.1f}" for name in names)
     return (
-        f"{row['prompt'][:16]:16s} {'yes' if row['grounded'] else 'no ':3s} {row['new_tokens']:4d}  {speeds}  "
+        f"{row['prompt'][:16]:16s} {_grounded_cell(row):3s} {row['new_tokens']:4d}  {speeds}  "
         f"{row['alpha']:5.2f}  {row['mean_tokens_per_round']:4.2f}  {row['measured_speedup']:5.2f}  "
         f"{row['accounted_speedup']:5.2f}  {row['predicted_speedup']:5.2f}  {'yes' if row['identical'] else 'NO'}"
     )
@@ -278,7 +285,7 @@ def markdown_table(results: dict) -> str:
     for row in results["rows"]:
         speeds = " | ".join(f"{row['tokens_per_second'][name]:.1f}" for name in names)
         lines.append(
-            f"| {row['prompt']} | {'yes' if row['grounded'] else 'no'} | {row['new_tokens']} | {speeds} | "
+            f"| {row['prompt']} | {_grounded_cell(row)} | {row['new_tokens']} | {speeds} | "
             f"{row['alpha']:.2f} | {row['acceptance_rate']:.2f} | {row['mean_tokens_per_round']:.2f} | "
             f"{row['measured_speedup']:.2f}× | {row['accounted_speedup']:.2f}× ({row['accounting_error']:+.1%}) | "
             f"{row['predicted_speedup']:.2f}× ({row['prediction_error']:+.0%})"
@@ -289,18 +296,24 @@ def markdown_table(results: dict) -> str:
             )
             + f" | {_identical_cell(row)} |"
         )
-    lines += ["", "| median | grounded prompts | open-ended prompts |", "|---|---|---|"]
     summary = results["summary"]
-    grounded, open_ended = summary.get("grounded", {}), summary.get("open", {})
-    for key in grounded or open_ended:
-        cells = [_summary_cell(group.get(key)) for group in (grounded, open_ended)]
-        lines.append(f"| {key} | {cells[0]} | {cells[1]} |")
+    groups = [(name, summary[key]) for key, name in GROUPS.items() if key in summary]
+    lines += ["", "| median | " + " | ".join(name for name, _ in groups) + " |", "|---" * (len(groups) + 1) + "|"]
+    for key in groups[0][1]:
+        lines.append(f"| {key} | " + " | ".join(_summary_cell(group.get(key)) for _, group in groups) + " |")
     lines += [
         "",
         f"All outputs identical: {'yes' if summary['all outputs identical'] else 'NO'}. "
         f"Accounting within 5% on every prompt: {'yes' if summary['accounting within 5% on every prompt'] else 'NO'}.",
     ]
     return "\n".join(lines)
+
+
+GROUPS = {"grounded": "grounded prompts", "open": "open-ended prompts", "unlabelled": "prompts not labelled"}
+
+
+def _grounded_cell(row: dict) -> str:
+    return {True: "yes", False: "no", None: "–"}[row["grounded"]]
 
 
 def _identical_cell(row: dict) -> str:
@@ -316,59 +329,3 @@ def _summary_cell(value: float | int | None) -> str:
     if value is None:
         return "–"
     return str(value) if isinstance(value, int) else f"{value:.2f}"
-
-
-def bench_app(prompts: tuple[BenchPrompt, ...] = PROMPTS[6:], max_new_tokens: int = 128) -> list[dict]:
-    """Tokens/s as a streaming client sees them against the engine's own figure for the same run, and how often
-    the charts were re-sent (the app launched in-process, driven through gradio_client)."""
-    from gradio_client import Client
-
-    from specdemo.app.page import build_demo
-
-    demo = build_demo()
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
-    try:
-        client = Client(url, verbose=False)
-        rows = []
-        for prompt in (prompts[0], *prompts):  # the first run loads the model and is not counted
-            started = time.perf_counter()
-            job = client.submit(
-                prompt.text,
-                DEFAULT_PAIR.key,
-                "",
-                "ngram",
-                0.0,
-                0,
-                1.0,
-                1.0,
-                1.5,
-                5,
-                max_new_tokens,
-                0,
-                True,
-                False,
-                api_name="/generate",
-            )
-            updates = [(time.perf_counter(), update) for update in job]
-            client_seconds = updates[-1][0] - started
-            # a skipped output arrives as {'__type__': 'update'}; a chart update carries the plot
-            chart_times = [when for when, update in updates if "plot" in update[2]]
-            with open(job.outputs()[-1][6]["value"]) as handle:
-                trace = json.load(handle)
-            engine = trace["stats"]
-            rows.append(
-                {
-                    "prompt": prompt.name,
-                    "tokens": engine["num_generated"],
-                    "engine_tokens_per_second": engine["tokens_per_second"],
-                    "client_tokens_per_second": engine["num_generated"] / client_seconds,
-                    "ratio": engine["num_generated"] / client_seconds / engine["tokens_per_second"],
-                    "updates": len(updates),
-                    "chart_updates_per_second": len(chart_times) / max(1e-9, chart_times[-1] - chart_times[0])
-                    if len(chart_times) > 1
-                    else 0.0,
-                }
-            )
-        return rows[1:]
-    finally:
-        demo.close()

@@ -1,33 +1,36 @@
-"""The registry of drafters that need no model: a new kind is one class and one entry here. Anything else a pair
-names as its drafter is a draft model."""
+"""The registry of drafter kinds that need no model: a new kind is one module and one line here. Anything else a pair
+names as its drafter is a draft model (drafters/model.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import Field, fields
 
-from specdemo.config import MAX_NUM_DRAFT_TOKENS, SpeculativeConfig
-from specdemo.drafters.base import Drafter, ModelDrafter, NgramDrafter
-from specdemo.drafters.suffix import SuffixDrafter
-from specdemo.engine.costs import measured, pass_costs
-from specdemo.models.loading import LoadedModel, Progress
+from specdemo.drafters.base import DrafterKind
+from specdemo.drafters.ngram import NgramDrafter, NgramOptions
+from specdemo.drafters.suffix import SuffixDrafter, SuffixOptions
 
-
-@dataclass(frozen=True)
-class DrafterKind:
-    name: str  # what a pair, the CLI's --draft and the app's drafter field call it
-    label: str  # what tables call it
-    description: str
-    build: Callable[[LoadedModel, SpeculativeConfig], Drafter]  # (target, settings) -> a fresh drafter
-    prepare: Callable[[LoadedModel, Progress], None] = lambda target, progress: None  # once the target has loaded
-
-
-def measure_pass_costs(target: LoadedModel, progress: Progress) -> None:
-    """At load, not in a run's time: the pass costs a cost-aware drafter plans with, for drafts of up to
-    MAX_NUM_DRAFT_TOKENS on one candidate (seconds, once per model; wider passes are measured when first asked)."""
-    if measured(target.model) is None:
-        progress(f"Measuring {target.name}'s pass costs on this device (once, a few seconds)...")
-    pass_costs(target.model, MAX_NUM_DRAFT_TOKENS + 1)
+NGRAM, SUFFIX = "ngram", "suffix"
+DRAFTER_KINDS: dict[str, DrafterKind] = {
+    kind.name: kind
+    for kind in (
+        DrafterKind(
+            NGRAM,
+            "prompt lookup",
+            "prompt lookup: copies what followed the same n-gram earlier, K tokens whenever it finds a match",
+            NgramOptions,
+            lambda options, context: NgramDrafter(options.max_ngram_size, options.min_ngram_size),
+        ),
+        DrafterKind(
+            SUFFIX,
+            "suffix drafting, cost-aware",
+            "suffix counts over the prompt, the output and earlier outputs, drafting as much as this device's pass "
+            "costs say pays, and nothing when it would lose",
+            SuffixOptions,
+            lambda options, context: SuffixDrafter(context.pass_costs, options.suffix_cache_tokens),
+            cost_aware=True,
+        ),
+    )
+}
 
 
 def is_model_free(drafter: str) -> bool:
@@ -39,34 +42,19 @@ def drafter_names() -> str:
     return " or ".join(f"'{name}'" for name in DRAFTER_KINDS)
 
 
-def build_drafter(
-    drafter: str, target: LoadedModel, draft: LoadedModel | None, speculative: SpeculativeConfig
-) -> Drafter:
-    """A fresh drafter (its state is its own): a registered kind, or the draft model sampling with each row's draft
-    settings."""
-    if is_model_free(drafter):
-        return DRAFTER_KINDS[drafter].build(target, speculative)
-    assert draft is not None, f"the draft model '{drafter}' was not loaded"
-    return ModelDrafter(draft.model, None, target.vocab_size)
+def option_fields() -> list[tuple[DrafterKind, Field]]:
+    """Every kind's options, in registry order: what the command line's flags and the page's controls are made of.
+    Their names are unique across kinds, so each is one flag and one API parameter."""
+    found = [(kind, spec) for kind in DRAFTER_KINDS.values() for spec in fields(kind.options)]
+    names = [spec.name for _, spec in found]
+    assert len(names) == len(set(names)), f"two drafter kinds name an option alike: {names}"
+    return found
 
 
-DRAFTER_KINDS: dict[str, DrafterKind] = {
-    kind.name: kind
-    for kind in (
-        DrafterKind(
-            "ngram",
-            "prompt lookup",
-            "prompt lookup: copies what followed the same n-gram earlier, K tokens whenever it finds a match",
-            lambda target, speculative: NgramDrafter(speculative.max_ngram_size, speculative.min_ngram_size),
-        ),
-        DrafterKind(
-            "suffix",
-            "suffix drafting, cost-aware",
-            "suffix counts over the prompt, the output and earlier outputs, drafting as much as this device's pass "
-            "costs say pays, and nothing when it would lose",
-            lambda target, speculative: SuffixDrafter(target.model, speculative.suffix_cache_tokens),
-            measure_pass_costs,
-        ),
-    )
-}
-NGRAM, SUFFIX = "ngram", "suffix"
+def drafter_options(drafter: str, values: dict[str, object]) -> object | None:
+    """The options of kind `drafter` from named values (others ignored, absent ones at their defaults), checked;
+    None for a draft model, which has none."""
+    kind = DRAFTER_KINDS.get(drafter)
+    if kind is None:
+        return None
+    return kind.options(**{spec.name: values[spec.name] for spec in fields(kind.options) if spec.name in values})

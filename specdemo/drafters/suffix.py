@@ -8,15 +8,11 @@ the row's own accept/reject history."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from transformers import PreTrainedModel
-
-from specdemo.config import DEFAULT_SUFFIX_CACHE_TOKENS
 from specdemo.core.planning import PassCosts, plan_draft
-from specdemo.drafters.base import Draft, DraftRequest
-from specdemo.engine.costs import pass_costs
+from specdemo.drafters.base import Draft, DraftRequest, check_options, option
 
 MAX_MATCH = 8  # the longest suffix matched; the trie keeps strings one longer, so a match has a next token
 MATCH_BUCKETS = (1, 2, 3, 4, 6)  # match lengths calibrated apart: 1, 2, 3, 4-5, 6 and more
@@ -24,6 +20,21 @@ PRIOR_RATIOS = (0.3, 0.6, 0.8, 0.9, 0.95)  # accepted / frequency score per buck
 PRIOR_WEIGHT = 2.0  # the prior counts as this many drafted tokens
 ROW_PRIOR_WEIGHT = 5.0  # the row's own scale of the priors starts at 1 and counts as this many expected acceptances
 MIN_REACH = 0.02  # a candidate stops growing when the chance of reaching its next token falls below this
+MAX_SUFFIX_CACHE_TOKENS = 200_000  # its trie keeps up to 9 nodes per token: bounded memory (docs/how-it-works.md)
+
+
+@dataclass(frozen=True)
+class SuffixOptions:
+    suffix_cache_tokens: int = option(
+        20_000,
+        0,
+        MAX_SUFFIX_CACHE_TOKENS,
+        "Earlier output tokens remembered",
+        "suffix drafting: tokens of earlier outputs it remembers (the oldest go first)",
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
 
 
 class SuffixTrie:
@@ -153,11 +164,10 @@ class SuffixDrafter:
 
     def __init__(
         self,
-        target: PreTrainedModel,
-        cache_tokens: int = DEFAULT_SUFFIX_CACHE_TOKENS,
-        costs: PassCosts | None = None,  # None: the target's, measured on this device
+        costs: PassCosts | Callable[[int], PassCosts],  # the target's pass costs, or a function that measures them
+        # for passes of up to n tokens (DraftingContext.pass_costs: measured once per model, on this device)
+        cache_tokens: int = SuffixOptions.suffix_cache_tokens,
     ) -> None:
-        self.target = target  # whose pass costs decide how much to draft
         self.costs = costs
         self.cache_tokens = cache_tokens
         self.earlier = SuffixTrie(MAX_MATCH + 1)  # this drafter's earlier outputs, oldest forgotten first
@@ -183,8 +193,8 @@ class SuffixDrafter:
             self.earlier_tokens -= len(oldest)
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
-        # measured once per model (seconds), and again only for a longer pass than any before
-        costs = self.costs or pass_costs(self.target, max(r.num_candidates * r.num_draft_tokens + 1 for r in requests))
+        widest = max(r.num_candidates * r.num_draft_tokens + 1 for r in requests)
+        costs = self.costs if isinstance(self.costs, PassCosts) else self.costs(widest)
         return [self._propose(request, costs) for request in requests]
 
     def _propose(self, request: DraftRequest, costs: PassCosts) -> Draft:

@@ -16,9 +16,10 @@ from transformers import PreTrainedModel
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rounds import Round
 from specdemo.drafters.base import Drafter
-from specdemo.drafters.registry import NGRAM, build_drafter, is_model_free
+from specdemo.drafters.registry import NGRAM, is_model_free
 from specdemo.engine.costs import batch_costs, shared_costs
 from specdemo.engine.decoding import BatchDecoder
+from specdemo.engine.drafting import build_drafter
 from specdemo.engine.resources import release_freed_memory
 from specdemo.models.loading import LoadedModel, Progress
 
@@ -211,16 +212,23 @@ class Schedulers:
     def __init__(self, max_rows: int = MAX_BATCH_ROWS) -> None:
         self.models_lock = threading.Lock()
         self.max_rows = max_rows
-        self.active: dict[tuple[int, int | str], Scheduler] = {}
+        self.active: dict[tuple[int, object], Scheduler] = {}
         self.lock = threading.Lock()
 
-    def get(self, target: LoadedModel, draft: LoadedModel | None, drafter_name: str = NGRAM) -> Scheduler:
-        """The scheduler of rows decoded by `target` with the model-free drafter `drafter_name`, or with the draft
-        model (draft not None)."""
-        key = (id(target.model), drafter_name if is_model_free(drafter_name) else id(draft.model))
+    def get(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None,
+        drafter_name: str = NGRAM,
+        options: object | None = None,  # the kind's options: runs that ask for other options get a drafter of their own
+    ) -> Scheduler:
+        """The scheduler of rows decoded by `target` with the model-free drafter `drafter_name` and its `options`, or
+        with the draft model (draft not None)."""
+        drafter_key = (drafter_name, options) if is_model_free(drafter_name) else id(draft.model)
+        key = (id(target.model), drafter_key)
         with self.lock:
             if key not in self.active:
-                drafter = build_drafter(drafter_name, target, draft, SpeculativeConfig())
+                drafter = build_drafter(drafter_name, target, draft, options)
                 self.active[key] = Scheduler(
                     target.model,
                     drafter,
@@ -231,7 +239,7 @@ class Schedulers:
                 )
             return self.active[key]
 
-    def _forget(self, key: tuple[int, int | str], scheduler: Scheduler) -> None:
+    def _forget(self, key: tuple[int, object], scheduler: Scheduler) -> None:
         with self.lock:
             if self.active.get(key) is scheduler:
                 del self.active[key]

@@ -1,0 +1,73 @@
+"""A draft model: a smaller model sharing the target's tokenizer, sampling W beams per row through a tree KV cache."""
+
+# R = rows asking for drafts, W = num_candidates, K = num_draft_tokens, V = vocab_size
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import torch
+from transformers import PreTrainedModel
+
+from specdemo.config import SamplingConfig
+from specdemo.core.sampling import build_warpers, logits_to_probs
+from specdemo.core.verify import choose_draft_tokens
+from specdemo.drafters.base import Draft, DraftRequest
+from specdemo.models.tree_cache import RowRequest, TreeCachedModel
+
+
+class ModelDrafter:
+    """A smaller model sharing the target's tokenizer. Each step feeds every row's W beams in one pass (a tree on the
+    row's cache) and samples each beam's next token from its own draw: W i.i.d. drafts, q recorded per token."""
+
+    def __init__(self, model: PreTrainedModel, sampling: SamplingConfig | None, vocab_size: int) -> None:
+        self.cached = TreeCachedModel(model)
+        self.sampling = sampling  # None: each row's own draft settings; q is whatever the draft really sampled from
+        self.vocab_size = vocab_size  # the target's: a larger padded draft embedding is cut, a smaller one padded
+
+    def forget(self, key: Hashable) -> None:
+        self.cached.drop(key)
+
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        beams = [[[] for _ in range(r.num_candidates)] for r in requests]  # per row, W lists of drafted tokens
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]  # per row, K x [W, V]
+        forward_before = self.cached.forward_seconds
+        samplings = [self.sampling or r.sampling for r in requests]
+        warpers = [build_warpers(sampling) for sampling in samplings]  # once per row, not per step
+        for step in range(max((r.num_draft_tokens for r in requests), default=0)):
+            drafting = [i for i, r in enumerate(requests) if step < r.num_draft_tokens]
+            logits = self.cached.logits(
+                {
+                    requests[i].key: RowRequest(requests[i].sequence_ids, beams[i] if step else [], "tips")
+                    for i in drafting
+                }
+            )  # per row [W, V] after each beam (or [1, V] after the sequence at the first step)
+            step_probs, uniforms = [], []
+            for i, row_logits in zip(drafting, logits, strict=True):
+                request = requests[i]
+                contexts = torch.tensor([request.sequence_ids + beam for beam in beams[i]], device=row_logits.device)
+                row_probs = logits_to_probs(  # [W, 1, V_draft] -> [W, V], q = 0 for the target's extra ids
+                    row_logits[:, None, : self.vocab_size].expand(len(beams[i]), 1, -1),
+                    contexts,
+                    samplings[i],
+                    warpers[i],
+                )[:, 0]
+                step_probs.append(torch.nn.functional.pad(row_probs, (0, self.vocab_size - row_probs.shape[-1])))
+                uniforms.append(torch.rand(len(beams[i]), dtype=torch.float64, generator=request.generator))
+            tokens = choose_draft_tokens(  # [R, W]: every beam of every row in one vmapped call
+                torch.nn.utils.rnn.pad_sequence(step_probs, batch_first=True, padding_value=1.0),
+                torch.nn.utils.rnn.pad_sequence(uniforms, batch_first=True),
+            )
+            for row, i in enumerate(drafting):
+                for w, beam in enumerate(beams[i]):
+                    beam.append(int(tokens[row, w]))
+                probs[i].append(step_probs[row])
+        forward_seconds = self.cached.forward_seconds - forward_before
+        return [
+            Draft(
+                row_beams,
+                None if not row_probs or sampling.is_greedy else torch.stack(row_probs, dim=1),
+                forward_seconds,
+            )  # [W, K, V]
+            for sampling, row_beams, row_probs in zip(samplings, beams, probs, strict=True)
+        ]
