@@ -10,9 +10,11 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.sampling import build_warpers, logits_to_probs, sample_from_probs
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
-from specdemo.drafters import ModelDrafter, NgramDrafter, find_ngram_continuations
+from specdemo.drafters import ModelDrafter, NgramDrafter, NoDrafter, find_ngram_continuations
 from specdemo.drafters.suffix import SuffixDrafter
-from specdemo.engine.decoding import BatchDecoder, speculative_generate
+from specdemo.engine.decoding import BatchDecoder, batch_generate, speculative_generate
+from specdemo.models.loading import OFFLINE_DEFAULT, chat_prompt_ids, load_model, native_bfloat16
+from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 from tests.conftest import TINY_VOCAB, assert_equal_or_near_tie
 from tests.test_suffix import FREE
 
@@ -149,3 +151,65 @@ def test_real_model_batched_equals_alone_or_differs_at_a_near_tie(offline_model)
             )
         )
         assert_equal_or_near_tie(model, prompt, batched[row], alone, f"row {row}")
+
+
+@pytest.fixture(scope="module")
+def offline_bfloat16():
+    if not native_bfloat16(torch.device("cpu")):
+        pytest.skip("this CPU has no native bfloat16")
+    return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.bfloat16)
+
+
+BATCH_TEXTS = [  # chat prompts, so the model writes sentences in which bfloat16's rounding meets near-ties
+    "Correct the spelling: The quartely planing meeting is moved to Thursday at noon in room 4.",
+    "Write a haiku about autumn rain.",
+    "Turn into a Markdown table: name,age / Ann,31 / Bo,27 / Cy,45",
+    "Explain why the sky is blue to a ten-year-old.",
+    "List three uses for baking soda.",
+    "Write a limerick about a cat who learned to code.",
+]
+
+
+def test_bfloat16_rows_are_the_same_alone_beside_others_and_without_drafts(offline_bfloat16):
+    """Batch-invariant passes (models/attention.py): in bfloat16 each row's greedy tokens are the same at B = 1 and
+    at B = 6, with prompt lookup and with the target alone, and speculative equals target-only, bit for bit. Before,
+    2 of 8 rows at B = 8 equalled B = 1 on the AMD EPYC."""
+    loaded = offline_bfloat16
+    prompts = [chat_prompt_ids(loaded, text)[0].tolist() for text in BATCH_TEXTS]
+    spec, greedy = SpeculativeConfig(max_new_tokens=40), [SamplingConfig()] * len(prompts)
+
+    def texts(drafter, batch_size: int) -> list[list[int]]:
+        out: dict[int, list[int]] = {}
+        for index, round_ in batch_generate(
+            loaded.model, drafter, prompts, greedy, spec, loaded.eos_token_ids, batch_size
+        ):
+            out.setdefault(index, []).extend(round_.emitted_token_ids)
+        return [out[i] for i in range(len(prompts))]
+
+    alone, together = texts(NgramDrafter(), 1), texts(NgramDrafter(), len(prompts))
+    target_alone, target_together = texts(NoDrafter(), 1), texts(NoDrafter(), len(prompts))
+    assert alone == together
+    assert target_alone == target_together
+    assert alone == target_alone
+
+
+def test_bfloat16_logits_of_a_row_are_bit_for_bit_those_it_gets_alone(offline_bfloat16):
+    """Short rows too (fewer keys than one vector of the softmax) and one-token steps: every row's logits, step after
+    step, in passes shared with rows of other lengths, branches and widths equal those of its own passes."""
+    model, generator = offline_bfloat16.model, torch.Generator().manual_seed(0)
+    starts = [torch.randint(100, 40000, (n,), generator=generator).tolist() for n in (3, 9, 20, 70)]
+    branches = [[], [[5, 6, 7]], [[8], [9, 10]], []]
+
+    def steps(keys: list[int]) -> dict[int, list[torch.Tensor]]:
+        cached, sequences, seen = TreeCachedModel(model), {k: list(starts[k]) for k in keys}, {k: [] for k in keys}
+        for _ in range(6):
+            asked = {k: RowRequest(sequences[k], branches[k], "all") for k in keys}
+            for k, logits in zip(keys, cached.logits(asked), strict=True):
+                seen[k].append(logits)
+                sequences[k].append(int(logits[0, 0].argmax()))
+        return seen
+
+    shared = steps([0, 1, 2, 3])
+    for key in range(4):
+        alone = steps([key])[key]
+        assert all(torch.equal(a, b) for a, b in zip(shared[key], alone, strict=True)), key

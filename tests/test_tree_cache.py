@@ -20,14 +20,8 @@ from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, speculative_generate
 from specdemo.models.loading import LoadedModel, chat_prompt_ids, load_model
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
-from specdemo.models.tree_cache import (
-    COMPACT_AFTER_HOLES,
-    HOLE,
-    NO_PARENT,
-    RowRequest,
-    TreeCachedModel,
-    attention_kinds,
-)
+from specdemo.models.layout import TRUNK, WIDTH_STEP
+from specdemo.models.tree_cache import RowRequest, TreeCachedModel, attention_kinds
 from specdemo.pairs import find_pair, make_drafter
 from tests.conftest import hf_greedy, tiny_model
 
@@ -87,13 +81,10 @@ def rejections_past(rounds: list[Round], prompt_length: int, window: int) -> lis
     return positions
 
 
-@pytest.mark.parametrize("compact_after_holes", [COMPACT_AFTER_HOLES, 2])
 @pytest.mark.parametrize("model_kind", ["llama", "gemma-window-8"])
-def test_tree_cache_logits_equal_uncached_logits(model_kind, compact_after_holes, monkeypatch):
+def test_tree_cache_logits_equal_uncached_logits(model_kind):
     """Random rows join, sit passes out, grow through their branches and leave; logits stay those of the row alone,
-    also for a sliding-window model far past its window (holes in the cache must not count as tokens), and when the
-    whole cache is compacted often, branches kept across it included."""
-    monkeypatch.setattr("specdemo.models.tree_cache.COMPACT_AFTER_HOLES", compact_after_holes)
+    also for a sliding-window model far past its window, with branches kept across passes (tips)."""
     model = tiny_model(0) if model_kind == "llama" else tiny_gemma(1)
     cached, rng, worst = TreeCachedModel(model), random.Random(0), 0.0
     rows = {key: [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 9))] for key in range(3)}
@@ -110,10 +101,9 @@ def test_tree_cache_logits_equal_uncached_logits(model_kind, compact_after_holes
             branches = [[rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(0, 3))]
             asked[key] = RowRequest(rows[key], branches, rng.choice(["all", "tips"]))
         all_logits = cached.logits(asked)
-        is_tree = (cached.tokens != HOLE) & (cached.parents != NO_PARENT)
-        for b, slot in is_tree.nonzero().tolist():  # a branch token hangs from an earlier token of its own row
-            parent = int(cached.parents[b, slot])
-            assert parent < slot and int(cached.tokens[b, parent]) != HOLE, (step, b, slot, parent)
+        for row in cached.layout.rows:  # a branch token hangs from an earlier token of its own row
+            for index, node in enumerate(row.tree):
+                assert node.parent == TRUNK or len(row.trunk_ids) <= node.parent < len(row.trunk_ids) + index
         for (key, request), logits in zip(asked.items(), all_logits, strict=True):
             for w, branch in enumerate(request.branch_ids or [[]]):
                 depths = range(len(branch) + 1) if request.logits_for == "all" else [len(branch)]
@@ -168,10 +158,9 @@ def test_rows_with_the_same_prompt_read_it_once():
 @pytest.mark.parametrize("drafter_kind", ["ngram", "model"])
 def test_a_batch_that_rows_keep_joining_attends_over_what_its_rows_hold(tiny_target, tiny_draft, drafter_kind):
     """Twenty rows pass through a batch of three, each joining as another leaves (continuous batching, as the app's
-    scheduler runs). Every joining prompt and every row that left leaves holes in the other rows, in the target's
-    cache and in the draft model's; each is compacted, so it stays within half the widest row (or
-    COMPACT_AFTER_HOLES) of it, and every row still emits what it emits alone, with two candidates, sampled and
-    greedy rows. Without compaction a cache outgrew that allowance 6.4 (prompt lookup) and 6.8 times over."""
+    scheduler runs). Each row keeps its own slots, so a pass attends over the widest row rounded up to WIDTH_STEP, in
+    the target's cache and in the draft model's, and every row still emits what it emits alone, with two candidates,
+    sampled and greedy rows. (A cache that kept joining prompts as holes in every row outgrew that 6.4 times.)"""
     rng = random.Random(3)
     prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(12, 30))] for _ in range(20)]
     samplings = [SamplingConfig(temperature=0.9 * (i % 2), seed=i) for i in range(20)]
@@ -188,8 +177,8 @@ def test_a_batch_that_rows_keep_joining_attends_over_what_its_rows_hold(tiny_tar
             decoder.add(row, prompts[row], samplings[row], spec)
         for row, round_ in decoder.step():
             batched.setdefault(row, []).append(round_)
-        excess += [(cache.length - cache.widest) / max(COMPACT_AFTER_HOLES, cache.widest // 2) for cache in caches]
-    assert max(excess) <= 1.2, f"a cache outgrew its widest row by {max(excess):.1f} times the allowance"
+        excess += [cache.length - cache.widest for cache in caches]
+    assert 0 <= min(excess) and max(excess) < WIDTH_STEP, f"a pass attended over {max(excess)} slots past every row"
     for row in range(20):
         prompt = torch.tensor([prompts[row]])
         alone = speculative_generate(tiny_target, drafter(), prompt, samplings[row], spec, NO_EOS)

@@ -1,0 +1,103 @@
+"""Attention whose output for a row depends only on that row: the engine's passes are batch-invariant.
+
+A row's keys sit at the same slots in any batch (models/layout.py), so what remains is arithmetic that takes another
+path with the shape of the pass. On the CPUs here (bfloat16; docs/serving.md has the measurements):
+- a matrix product of one row takes another kernel than of two or more (float32: below four rows);
+- the flash kernel behind scaled_dot_product_attention splits its work by the numbers of queries and keys, and
+  transformers sends a single query down another path again;
+- a softmax over fewer than 16 keys takes a scalar path, over more a vector one.
+So a tree pass attends as transformers' eager attention does, with the query heads of one key head stacked into the
+rows of one product, never fewer than MIN_GEMM_ROWS rows in any product, over a width that is a multiple of
+WIDTH_STEP (the masked slots past a row's keys add exact zeros). Any other call (generate, a plain forward) goes to
+transformers' sdpa attention, with its masks."""
+
+# B = rows, H = query heads, Hkv = key-value heads, G = H / Hkv, n = queries, W = key slots, d = head size
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "specdemo-tree"  # the attention implementation a TreeCachedModel's model runs with
+MIN_GEMM_ROWS = {torch.bfloat16: 2, torch.float16: 2}  # fewer rows take another kernel; float32 needs 4, and padding
+# one-row passes to 4 cost 1.5 times a plain step here, so float32 passes are not padded (docs/serving.md)
+QUERY_CHUNK = 512  # stacked query rows attended at once, so a long prompt's scores stay tens of megabytes
+
+
+def min_gemm_rows(dtype: torch.dtype) -> int:
+    return MIN_GEMM_ROWS.get(dtype, 1)
+
+
+def use_tree_attention(model: PreTrainedModel) -> None:
+    """Let the model attend with tree_attention when a pass asks for it (tree_pass=True), and with sdpa otherwise."""
+    model.config._attn_implementation = NAME
+
+
+def tree_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, H, n, d]
+    key: torch.Tensor,  # [B, Hkv, W, d]
+    value: torch.Tensor,  # [B, Hkv, W, d]
+    attention_mask: torch.Tensor | None,  # [B, 1, n, W] bool: True where a query may attend
+    scaling: float,
+    dropout: float = 0.0,
+    tree_pass: bool = False,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:  # [B, n, H, d]
+    if not tree_pass:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    batch, heads, num_queries, size = query.shape
+    groups = heads // key.shape[1]
+    stacked = query.reshape(batch, key.shape[1], groups * num_queries, size)  # [B, Hkv, G*n, d]: heads as rows
+    allowed = attention_mask.expand(batch, groups, num_queries, -1).reshape(batch, 1, groups * num_queries, -1)
+    rows = max(groups * num_queries, min_gemm_rows(query.dtype))
+    if rows > groups * num_queries:  # repeat the last query so that no product has too few rows
+        extra = rows - groups * num_queries
+        stacked = torch.cat([stacked, stacked[:, :, -1:].expand(-1, -1, extra, -1)], dim=2)
+        allowed = torch.cat([allowed, allowed[:, :, -1:].expand(-1, -1, extra, -1)], dim=2)
+    softcap = kwargs.get("softcap")
+    output = torch.cat(
+        [
+            _attend(stacked[:, :, chunk], key, value, allowed[:, :, chunk], scaling, softcap)
+            for chunk in _chunks(rows, min_gemm_rows(query.dtype))
+        ],
+        dim=2,
+    )[:, :, : groups * num_queries]
+    return output.reshape(batch, heads, num_queries, size).transpose(1, 2).contiguous(), None
+
+
+def _attend(
+    query: torch.Tensor,  # [B, Hkv, r, d]
+    key: torch.Tensor,  # [B, Hkv, W, d]
+    value: torch.Tensor,  # [B, Hkv, W, d]
+    allowed: torch.Tensor,  # [B, 1, r, W]
+    scaling: float,
+    softcap: object,
+) -> torch.Tensor:  # [B, Hkv, r, d]
+    """The eager attention of transformers' models: scores in the model's format, softmax in float32 (float64 for a
+    float64 model)."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [B, Hkv, r, W]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1).to(query.dtype)
+    return torch.matmul(probs, value)
+
+
+def _chunks(rows: int, min_rows: int) -> list[slice]:
+    """Slices of at most QUERY_CHUNK rows and at least min_rows each (a short last chunk joins the one before)."""
+    bounds = [*range(0, rows, QUERY_CHUNK), rows]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < min_rows:
+        bounds.pop(-2)
+    return [slice(start, end) for start, end in itertools.pairwise(bounds)]
+
+
+AttentionInterface.register(NAME, tree_attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)  # what transformers builds for the other calls
