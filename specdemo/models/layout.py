@@ -19,8 +19,8 @@ import torch
 
 HOLE = -1  # the token of a padding column, which no one attends to
 TRUNK = -1  # the parent of a tree node that hangs from the trunk's last token
-WIDTH_STEP = 64  # keys are attended in widths of this many slots: a row's softmax then sums its keys in the same
-# vector lanes whatever the batch's widest row (the masked slots after them add exact zeros)
+WIDTH_STEP = 64  # keys are attended in widths of this many slots: a softmax over fewer than 16 takes a scalar path,
+# so a short row alone would sum its keys otherwise than beside a long one (models/attention.py)
 
 
 @dataclass(frozen=True)
