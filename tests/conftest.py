@@ -1,194 +1,32 @@
-"""Shared fixtures and helpers: tiny random Llama models (milliseconds per step), the real offline SmolLM2, the app,
-and the statistics and app-run helpers several test files use."""
+"""Fixtures: tiny random models, the real offline SmolLM2 and the app launched on it; and the markers of the test
+tiers (slow: a real model or the app; browser: Chromium), set from the fixtures a test uses."""
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import LlamaForCausalLM
 
-import specdemo.app.page as ui
-from specdemo.app.page import EXAMPLES
-from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.core.rounds import Round
-from specdemo.drafters import Drafter
-from specdemo.engine.decoding import BatchDecoder, batch_generate
 from specdemo.engine.resources import release_openmp_workers
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model
-from specdemo.models.shared import ModelCache
+from tests.helpers import launched_app, tiny_model
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
 
-TINY_VOCAB = 32  # small, so sampled-distribution tests have statistical power with a few thousand runs
+SLOW_FIXTURES = {"offline_model", "offline_bfloat16", "app", "app_server", "client", "gemma", "browser"}
 
 
-def tiny_model(seed: int, vocab_size: int = TINY_VOCAB, num_layers: int = 2) -> LlamaForCausalLM:
-    """A random Llama in float64: batched K+1 verification and one-token steps then agree to ~1e-15."""
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float64)
-    with torch.no_grad():  # sharper than the default init, so greedy outputs vary and sampling has structure
-        model.lm_head.weight.mul_(8.0)
-    return model.eval()
-
-
-def hf_greedy(
-    model: PreTrainedModel,
-    prompt_ids: torch.Tensor,  # [1, T]
-    max_new_tokens: int,
-    eos: frozenset[int] | None = None,  # the EOS our loop was given; None: the model's generation config decides
-    **settings: float,
-) -> list[int]:
-    """The peer: model.generate(do_sample=False), stopping at the same EOS as our loops (no min_new_tokens, so it
-    suppresses nothing our loops would emit)."""
-    stopping = {} if eos is None else {"eos_token_id": sorted(eos), "pad_token_id": min(eos)}
-    with torch.inference_mode():
-        output = model.generate(
-            prompt_ids,
-            attention_mask=torch.ones_like(prompt_ids),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            **stopping,
-            **settings,
-        )  # [1, T + new]
-    return output[0, prompt_ids.shape[1] :].tolist()
-
-
-NEAR_TIE = 1e-3  # top-2 logit gap under which float32 reordering may flip a greedy argmax
-
-
-def assert_equal_or_near_tie(model, prompt: list[int], got: list[int], alone: list[int], label: str = "") -> bool:
-    """Greedy tokens equal those decoded alone, or their first difference sits at a near-tie of the target's logits
-    (checked with a fresh, uncached forward). Returns whether they were equal."""
-    if got == alone:
-        return True
-    first = next((i for i, (a, b) in enumerate(zip(got, alone, strict=False)) if a != b), min(len(got), len(alone)))
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt + alone[:first]], device=model.device)).logits[0, -1].float()
-    top2 = logits.topk(2).values
-    assert float(top2[0] - top2[1]) < NEAR_TIE, f"{label} differs at {first} where the top-2 gap is not a near-tie"
-    return False
-
-
-def seeded_runs(
-    target: PreTrainedModel,
-    drafter: Drafter,
-    prompt_ids: torch.Tensor,  # [1, T]
-    sampling: SamplingConfig,
-    speculative: SpeculativeConfig,
-    num_runs: int,
-    rows: int = 150,
-) -> list[list[Round]]:
-    """The rounds of runs with seeds 0 .. num_runs - 1 and no EOS, decoded `rows` at a time as rows of one batch:
-    eight times faster on tiny models than one at a time, and each row's tokens are those it gets alone
-    (tests/test_batch.py)."""
-    runs: list[list[Round]] = [[] for _ in range(num_runs)]
-    prompts = [prompt_ids[0].tolist()] * num_runs
-    samplings = [replace(sampling, seed=seed) for seed in range(num_runs)]
-    for index, round_ in batch_generate(target, drafter, prompts, samplings, speculative, frozenset(), rows):
-        runs[index].append(round_)
-    return runs
-
-
-def make_round(index: int, drafts: list[int], num_accepted: int, next_kind: str | None, seconds: float) -> Round:
-    k = len(drafts)
-    return Round(
-        index=index,
-        draft_token_ids=drafts,
-        target_probs=[0.5] * k,
-        draft_probs=[1.0] * k,
-        acceptance_probs=[0.5] * k,
-        uniforms=[0.1] * k,
-        num_accepted=num_accepted,
-        next_token_id=None if next_kind is None else 99,
-        next_kind=next_kind,
-        next_token_prob=None if next_kind is None else 0.9,
-        num_input_tokens=k + 1,
-        draft_seconds=seconds / 4,
-        verify_seconds=seconds / 2,
-        other_seconds=seconds / 4,
-        forward_seconds=seconds / 2,
-    )
-
-
-SPELLING = EXAMPLES[0][0]
-STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-
-
-def settings(prompt: str = SPELLING, **changes) -> dict:
-    """The /generate inputs by name, with defaults a user would start from: `client.predict(**settings(...))`."""
-    values = {
-        "prompt": prompt,
-        "pair": "smollm2-135m-ngram",
-        "custom_target": "",
-        "custom_draft": "ngram",
-        "temperature": 0.0,
-        "top_k": 0,
-        "top_p": 1.0,
-        "repetition_penalty": 1.0,
-        "draft_temperature": 1.5,
-        "num_draft_tokens": 5,
-        "max_new_tokens": 40,
-        "seed": 0,
-        "chat": True,
-        "compare": True,
-        "num_candidates": 1,
-        "dtype": "float32",  # the pinned offline model's format: greedy parity is checked in float32
-    }
-    values.update(changes)
-    return values
-
-
-def count_rounds(monkeypatch) -> dict[str, int]:
-    """Count the rows' rounds the app's engine produces (BatchDecoder.step wrapped), to see when it stops."""
-    counter = {"rounds": 0}
-    original = BatchDecoder.step
-
-    def counting(decoder):
-        outcomes = original(decoder)
-        counter["rounds"] += len(outcomes)
-        return outcomes
-
-    monkeypatch.setattr(BatchDecoder, "step", counting)
-    return counter
-
-
-def wait_for_rounds(counter: dict[str, int], at_least: int) -> None:
-    deadline = time.monotonic() + 60
-    while counter["rounds"] < at_least:
-        assert time.monotonic() < deadline, f"only {counter['rounds']} rounds in 60 s"
-        time.sleep(0.05)
-
-
-def assert_engine_stops_within_a_second(counter: dict[str, int], max_rounds: int) -> None:
-    time.sleep(1.0)
-    stopped_at = counter["rounds"]
-    time.sleep(1.5)
-    assert counter["rounds"] == stopped_at, "rounds kept coming more than a second after the run was ended"
-    assert stopped_at < max_rounds
-
-
-def trace_of(final) -> dict:
-    with open(final[6]["value"]) as handle:
-        return json.load(handle)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs a real model or the app is `slow`; one that needs Chromium is `browser` too."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+        if "browser" in used:
+            item.add_marker(pytest.mark.browser)
 
 
 @pytest.fixture(autouse=True)
@@ -213,21 +51,18 @@ def offline_model() -> LoadedModel:
     return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.float32)  # parity tests need float32
 
 
-@contextmanager
-def launched_app(loaded: LoadedModel) -> Iterator[str]:
-    """The app launched in-process with `loaded` already in its model cache (as its pinned default); its URL."""
-    cache = ModelCache(pinned=loaded.name)
-    cache.put(loaded)
-    demo = ui.build_demo(cache)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
-    try:
-        yield url
-    finally:
-        demo.close()
+@pytest.fixture(scope="session")
+def app_and_server(offline_model) -> Iterator[tuple[str, object]]:
+    """The app launched in-process on the offline default (already loaded): its URL and its server state."""
+    with launched_app(offline_model) as (url, server):
+        yield url, server
 
 
 @pytest.fixture(scope="session")
-def app(offline_model) -> Iterator[str]:
-    """The app launched in-process on the offline default (already loaded); yields its local URL."""
-    with launched_app(offline_model) as url:
-        yield url
+def app(app_and_server) -> str:
+    return app_and_server[0]
+
+
+@pytest.fixture
+def app_server(app_and_server):
+    return app_and_server[1]

@@ -24,7 +24,7 @@ from specdemo.core.verify import rejection_sample
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model, resolve_dtype
-from tests.conftest import SPELLING, TINY_VOCAB, hf_greedy, launched_app, tiny_model
+from tests.helpers import SPELLING, TINY_VOCAB, hf_greedy, launched_app, tiny_model
 
 DEVICE_VARIABLE = "SPECDEMO_GPU_TEST_DEVICE"
 DEVICE = torch.device(os.environ.get(DEVICE_VARIABLE) or "cuda")
@@ -186,7 +186,7 @@ def test_rejection_sample_with_one_device_generator_per_row_equals_each_row_alon
 def test_app_streams_a_run_from_the_device(loaded):
     from gradio_client import Client
 
-    with launched_app(loaded) as url:
+    with launched_app(loaded) as (url, _):
         updates = list(Client(url, verbose=False).submit(prompt=SPELLING, max_new_tokens=24, api_name="/generate"))
     with_tokens = [update for update in updates if "tok-" in update[0]]
     assert len(with_tokens) >= 2, f"{len(updates)} updates, {len(with_tokens)} with tokens: nothing streamed"

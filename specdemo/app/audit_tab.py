@@ -1,26 +1,26 @@
 """The Audit tab and /audit: "is it lossless?", checked live on toy distributions and on the real model, beside a
-planted bug that must fail the same check."""
+planted bug that must fail the same check. Its settings are a table too, sharing the run table's sampling rows."""
 
 from __future__ import annotations
 
-import json
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 
 import gradio as gr
 import torch
 
+from specdemo.app.form import RUN_FIELDS, Field, by_name, signature, whole
 from specdemo.app.messages import user_error
 from specdemo.app.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
+from specdemo.app.runs import Server, check_values, decode_fn
+from specdemo.app.serving import stoppable, wait_until
 from specdemo.audit import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
-from specdemo.config import MAX_NUM_CANDIDATES, SamplingConfig, SpeculativeConfig, check_prompt, whole_number
+from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.models.loading import chat_prompt_ids
-from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, find_pair, load_pair, make_drafter
 
 MODES = ("toy", "model")
@@ -42,34 +42,121 @@ INTRO = (
 )
 
 
-def _weights_text(weights: list[float]) -> str:
-    return ", ".join(f"{w:g}" for w in weights)
-
-
 def preset_weights(name: str) -> tuple[str, str]:
     target, draft = TOY_PRESETS[name]
-    return _weights_text(target), _weights_text(draft)
+    return ", ".join(f"{w:g}" for w in target), ", ".join(f"{w:g}" for w in draft)
 
 
-def _samples(mode: str, value: float) -> int:
-    low, high = TOY_SAMPLES if mode == "toy" else MODEL_SAMPLES
-    count = whole_number("the number of samples", value)
-    if not low <= count <= high:
-        raise ValueError(f"The number of samples must be between {low:,} and {high:,} in {mode} mode, got {count:,}.")
-    return count
+def in_range(name: str, low: int, high: int):
+    def read(value: object) -> int:
+        count = whole(name)(value)
+        if not low <= count <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, got {count}.")
+        return count
+
+    return read
 
 
-def _in_range(name: str, value: float, low: int, high: int) -> int:
-    count = whole_number(name, value)
-    if not low <= count <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {count}.")
-    return count
+def _mode(value: object) -> str:
+    if value not in MODES:
+        raise ValueError(f"Unknown audit mode {value!r}: pick 'toy' or 'model'.")
+    return str(value)
 
 
-def _audit_file(record: dict) -> str:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="specdemo-audit-", delete=False) as handle:
-        json.dump(record, handle, indent=1)
-    return handle.name
+def _bug(value: object) -> str:
+    if value not in BUGS:
+        raise ValueError(f"Unknown bug {value!r}: pick one of {', '.join(BUGS)}.")
+    return str(value)
+
+
+AUDIT_FIELDS: list[Field] = [  # the /audit API's order
+    Field("mode", "radio", "toy", "Audit", choices=list(MODES), elem_id="audit-mode", read=_mode),
+    Field(
+        "bug",
+        "dropdown",
+        "none",
+        "Planted bug",
+        choices=[
+            (f"{name}: {what}" if name != "none" else "none (the project's sampler)", name)
+            for name, what in BUGS.items()
+        ],
+        elem_id="audit-bug",
+        read=_bug,
+    ),
+    Field(
+        "num_samples",
+        "number",
+        DEFAULT_SAMPLES["toy"],
+        "Samples: N, or M a side in model mode",
+        elem_id="audit-samples",
+    ),
+    replace(by_name(RUN_FIELDS, "seed"), elem_id="audit-seed", section="audit"),
+    Field(
+        "preset", "dropdown", "overlapping", "Preset", choices=list(TOY_PRESETS), elem_id="audit-preset", section="toy"
+    ),
+    Field(
+        "target_weights",
+        "textbox",
+        preset_weights("overlapping")[0],
+        "Target p: a weight per token",
+        elem_id="audit-target",
+        section="toy",
+    ),
+    Field(
+        "draft_weights",
+        "textbox",
+        preset_weights("overlapping")[1],
+        "Draft q: a weight per token",
+        elem_id="audit-draft",
+        section="toy",
+    ),
+    replace(
+        by_name(RUN_FIELDS, "num_draft_tokens"),
+        default=4,
+        high=MAX_TOY_DRAFT_TOKENS,
+        label="Draft tokens per round (K)",
+        elem_id=None,
+        read=in_range("draft tokens per round (K)", 1, MAX_TOY_DRAFT_TOKENS),
+    ),
+    replace(
+        by_name(RUN_FIELDS, "num_candidates"),
+        label="Candidates per round (W)",
+        elem_id=None,
+        read=in_range("candidates per round (W)", 1, 8),
+    ),
+    Field("prompt", "textbox", DEFAULT_PROMPT, "Prompt", elem_id="audit-prompt", section="model"),
+    Field(
+        "pair",
+        "dropdown",
+        DEFAULT_PAIR.key,
+        "Pair",
+        choices=[(p.label, p.key) for p in PAIRS],
+        elem_id="audit-pair",
+        section="model",
+    ),
+    replace(
+        by_name(RUN_FIELDS, "temperature"),
+        default=1.0,
+        label="Temperature",
+        elem_id="audit-temperature",
+        section="model",
+    ),
+    replace(by_name(RUN_FIELDS, "top_k"), section="model"),
+    replace(by_name(RUN_FIELDS, "top_p"), section="model"),
+    replace(by_name(RUN_FIELDS, "repetition_penalty"), section="model"),
+    Field(
+        "num_tokens",
+        "slider",
+        2,
+        "First tokens per sample",
+        1,
+        MAX_AUDIT_TOKENS,
+        1,
+        section="model",
+        read=in_range("tokens per sample", 1, MAX_AUDIT_TOKENS),
+    ),
+]
+NAMES = [spec.name for spec in AUDIT_FIELDS]
 
 
 @dataclass(frozen=True)
@@ -90,64 +177,121 @@ class AuditRequest:
     pair: Pair | None = None
 
 
-def parse_audit(
-    mode: str,
-    bug: str,
-    num_samples: float,
-    seed: float,
-    target_weights: str,
-    draft_weights: str,
-    num_draft_tokens: float,
-    num_candidates: float,
-    prompt: str,
-    pair: str,
-    temperature: float,
-    top_k: float,
-    top_p: float,
-    repetition_penalty: float,
-    num_tokens: float,
-) -> AuditRequest:
-    """The form's values as a checked request; a ValueError names the first bad one."""
-    if mode not in MODES:
-        raise ValueError(f"Unknown audit mode {mode!r}: pick 'toy' or 'model'.")
-    if bug not in BUGS:
-        raise ValueError(f"Unknown bug {bug!r}: pick one of {', '.join(BUGS)}.")
-    common = (mode, bug, _samples(mode, num_samples), whole_number("seed", seed))
-    common += (_in_range("draft tokens per round (K)", num_draft_tokens, 1, MAX_TOY_DRAFT_TOKENS),)
-    common += (_in_range("candidates per round (W)", num_candidates, 1, MAX_NUM_CANDIDATES),)
+def parse_audit(values: dict) -> AuditRequest:
+    """The form's values (by name; missing ones at their defaults) as a checked request; a ValueError names the
+    first bad one."""
+    read = {spec.name: spec.read(values.get(spec.name, spec.default)) for spec in AUDIT_FIELDS if spec.section != "toy"}
+    mode = read["mode"]
+    low, high = TOY_SAMPLES if mode == "toy" else MODEL_SAMPLES
+    samples = whole("the number of samples")(read["num_samples"])
+    if not low <= samples <= high:
+        raise ValueError(f"The number of samples must be between {low:,} and {high:,} in {mode} mode, got {samples:,}.")
+    common = (mode, read["bug"], samples, read["seed"], read["num_draft_tokens"], read["num_candidates"])
     if mode == "toy":
-        target, draft = parse_weights(target_weights, "target p"), parse_weights(draft_weights, "draft q")
+        target = parse_weights(values.get("target_weights", preset_weights("overlapping")[0]), "target p")
+        draft = parse_weights(values.get("draft_weights", preset_weights("overlapping")[1]), "draft q")
         if len(target) != len(draft):
             raise ValueError(
                 f"The target p has {len(target)} weights and the draft q {len(draft)}: give both one weight per token."
             )
         return AuditRequest(*common, target=target, draft=draft)
-    if not temperature or float(temperature) <= 0:
+    if not read["temperature"] or float(read["temperature"]) <= 0:
         raise ValueError(
             "Model mode samples, and temperature 0 is greedy decoding, which has nothing to sample: pick a "
             "temperature such as 1.0."
         )
     sampling = SamplingConfig(
-        temperature=temperature,
-        top_k=whole_number("top-k", top_k),
-        top_p=top_p,
-        repetition_penalty=repetition_penalty,
-        seed=common[3],
+        read["temperature"], read["top_k"], read["top_p"], read["repetition_penalty"], read["seed"]
     )
-    tokens = _in_range("tokens per sample", num_tokens, 1, MAX_AUDIT_TOKENS)
-    check_prompt(prompt)
-    return AuditRequest(*common, sampling=sampling, num_tokens=tokens, prompt=prompt, pair=find_pair(pair))
+    check_prompt(read["prompt"])
+    pair = find_pair(read["pair"])
+    return AuditRequest(*common, sampling=sampling, num_tokens=read["num_tokens"], prompt=read["prompt"], pair=pair)
 
 
-def check_audit(*values: object) -> None:
-    """The form's values, checked before anything runs: a refusal is a message, the last audit's charts stay."""
+def build_tab(server: Server) -> None:
+    """The Audit tab, inside the page's tabs; its passes take turns with the runs' passes."""
+    gr.Markdown(INTRO)
+    controls = {}
+    with gr.Row():
+        for name in ("mode", "bug", "num_samples", "seed"):
+            controls[name] = by_name(AUDIT_FIELDS, name).component()
+    with gr.Row():
+        for name in ("num_draft_tokens", "num_candidates"):
+            controls[name] = by_name(AUDIT_FIELDS, name).component()
+    with gr.Group(visible=True) as toy_box:
+        controls |= {spec.name: spec.component() for spec in AUDIT_FIELDS if spec.section == "toy"}
+    with gr.Group(visible=False) as model_box:
+        controls |= {spec.name: spec.component() for spec in AUDIT_FIELDS if spec.name in ("prompt", "pair")}
+        with gr.Row():
+            sampling = ("temperature", "top_k", "top_p", "repetition_penalty", "num_tokens")
+            controls |= {name: by_name(AUDIT_FIELDS, name).component() for name in sampling}
+    with gr.Row():
+        run = gr.Button("Run the audit", variant="primary", elem_id="audit-run")
+        stop = gr.Button("Stop", variant="stop", elem_id="audit-stop")
+    verdict = gr.Markdown(elem_id="audit-verdict")
+    with gr.Row():
+        chart = gr.Plot(elem_id="audit-chart", show_label=False)
+        tv_chart = gr.Plot(elem_id="audit-tv-chart", show_label=False)
+    download = gr.DownloadButton("Download the audit (JSON)", visible=False, elem_id="audit-download")
+    wire(server, controls, toy_box, model_box, [verdict, chart, tv_chart, download], run, stop)
+
+
+def wire(server: Server, controls: dict, toy_box, model_box, outputs: list, run: gr.Button, stop: gr.Button) -> None:
+    """The tab's events: mode and preset changes, the checked audit (/audit) and Stop."""
+    controls["mode"].change(
+        lambda chosen: (
+            gr.update(visible=chosen == "toy"),
+            gr.update(visible=chosen == "model"),
+            DEFAULT_SAMPLES[chosen],
+        ),
+        inputs=controls["mode"],
+        outputs=[toy_box, model_box, controls["num_samples"]],  # a toy N is out of range in model mode
+        queue=False,
+        api_visibility="private",
+    )
+    controls["preset"].change(
+        preset_weights,
+        inputs=controls["preset"],
+        outputs=[controls["target_weights"], controls["draft_weights"]],
+        queue=False,
+        api_visibility="private",
+    )
+    inputs = [controls[name] for name in NAMES]
+    checked = run.click(
+        check_values(NAMES, parse_audit), inputs=inputs, outputs=None, preprocess=False, api_visibility="private"
+    )
+    handler = stoppable(partial(audit_steps, server), signature([], AUDIT_FIELDS), "audit", audit_steps.__doc__)
+    event = checked.success(  # /audit checks again, for API clients
+        handler,
+        inputs=inputs,
+        outputs=outputs,
+        concurrency_limit=1,
+        concurrency_id="audit",
+        preprocess=False,
+        api_name="audit",
+    )
+    stop.click(None, cancels=[event], api_visibility="private")
+
+
+def audit_steps(server: Server, *values: object, stop: threading.Event) -> Iterator[tuple]:
+    """The lossless audit. mode "toy": N = `num_samples` rounds of the sampler on the target p and draft q given as
+    weights (`preset` names the defaults); mode "model": M = `num_samples` (100 to 5,000: pass it) samples of the
+    first `num_tokens` tokens of `prompt`, speculative against the target alone. `bug` plants one of the broken
+    samplers. Returns the verdict sentence, two charts and the audit as JSON."""
+    named = dict(zip(NAMES, values, strict=False))
+    progress = values[len(NAMES)] if len(values) > len(NAMES) else gr.Progress()
     try:
-        parse_audit(*values[:4], *values[5:])  # type: ignore[arg-type]  (the preset only fills the weights)
+        request = parse_audit(named)
     except ValueError as error:
         raise user_error(str(error)) from error
+    if request.mode == "toy":
+        with openmp_workers_released():  # a Gradio worker thread: it lives on, idle
+            yield run_toy(server, request)
+        return
+    yield from run_model_audit(server, request, progress, stop)
 
 
-def run_toy(request: AuditRequest) -> tuple:
+def run_toy(server: Server, request: AuditRequest) -> tuple:
     assert request.target is not None and request.draft is not None
     k, w = request.num_draft_tokens, request.num_candidates
     started = time.perf_counter()
@@ -162,7 +306,7 @@ def run_toy(request: AuditRequest) -> tuple:
         verdict,
         toy_audit_figure(result.counts, result.target, result.passes),
         toy_tv_figure(result.tv_curve),
-        gr.update(value=_audit_file(record), visible=True),
+        gr.update(value=server.downloads.write_json("specdemo-audit", record), visible=True),
     )
 
 
@@ -171,192 +315,64 @@ def _describe(bug: str, seed: int) -> str:
     return f"{sampler} Seed {seed}."
 
 
-def build_audit_tab(cache: ModelCache, models_lock: threading.Lock) -> None:
-    """The Audit tab, inside the page's tabs; `models_lock` keeps its passes apart from the runs' passes."""
-
-    def audit(
-        mode: str = "toy",
-        bug: str = "none",
-        num_samples: float = DEFAULT_SAMPLES["toy"],
-        seed: float = 0,
-        preset: str = "overlapping",
-        target_weights: str = preset_weights("overlapping")[0],
-        draft_weights: str = preset_weights("overlapping")[1],
-        num_draft_tokens: float = 4,
-        num_candidates: float = 1,
-        prompt: str = DEFAULT_PROMPT,
-        pair: str = DEFAULT_PAIR.key,
-        temperature: float = 1.0,
-        top_k: float = 0,
-        top_p: float = 1.0,
-        repetition_penalty: float = 1.0,
-        num_tokens: float = 2,
-        progress: gr.Progress = gr.Progress(),
-    ) -> Iterator[tuple]:
-        """The lossless audit. mode "toy": N = `num_samples` rounds of the sampler on the target p and draft q
-        given as weights (`preset` names the defaults); mode "model": M = `num_samples` (100 to 5,000: pass it)
-        samples of the first `num_tokens` tokens of `prompt`, speculative against the target alone. `bug` plants
-        one of the broken samplers. Returns the verdict sentence, two charts and the audit as JSON."""
-        try:
-            request = parse_audit(
-                mode,
-                bug,
-                num_samples,
-                seed,
-                target_weights,
-                draft_weights,
-                num_draft_tokens,
-                num_candidates,
-                prompt,
-                pair,
-                temperature,
-                top_k,
-                top_p,
-                repetition_penalty,
-                num_tokens,
-            )
-        except ValueError as error:
-            raise user_error(str(error)) from error
-        if request.mode == "toy":
-            with openmp_workers_released():  # a Gradio worker thread: it lives on, idle
-                result = run_toy(request)
-            yield result
-            return
-        assert request.pair is not None and request.sampling is not None
-        chosen, sampling, tokens, count = request.pair, request.sampling, request.num_tokens, request.num_samples
-        try:
-            with openmp_workers_released():
-                target, draft = load_pair(chosen, cache, lambda message: progress(0.0, desc=message))
-        except ValueError as error:  # no network for a Hub pair, not enough memory: the sentence says which
-            raise user_error(str(error)) from error
-        speculative = SpeculativeConfig(
-            num_draft_tokens=request.num_draft_tokens,
-            num_candidates=request.num_candidates,
-            draft_temperature=chosen.draft_temperature,
-        )
-        prompt_ids = chat_prompt_ids(target, request.prompt)[0].tolist()
-        yield from _stream_model_audit(
-            partial(
-                model_audit,
-                target.model,
-                make_drafter(chosen, target, draft),
-                target.eos_token_ids,
-                prompt_ids,
-                sampling,
-                speculative,
-                tokens,
-                count,
-                request.bug,
-                lock=models_lock,
-            ),
-            partial(target.tokenizer.decode, skip_special_tokens=False),
-            {"mode": "model", "bug": request.bug, "num_samples": count, "pair": chosen.key, "prompt": request.prompt}
-            | {"prompt_token_ids": prompt_ids, "num_tokens": tokens, "sampling": asdict(sampling)}
-            | {"speculative": asdict(speculative), "device": target.description},
-            progress,
-        )
-
-    gr.Markdown(INTRO)
-    with gr.Row():
-        mode = gr.Radio(list(MODES), value="toy", label="Audit", elem_id="audit-mode")
-        bug = gr.Dropdown(
-            [
-                (f"{name}: {what}" if name != "none" else "none (the project's sampler)", name)
-                for name, what in BUGS.items()
-            ],
-            value="none",
-            label="Planted bug",
-            elem_id="audit-bug",
-        )
-        num_samples = gr.Number(
-            DEFAULT_SAMPLES["toy"], label="Samples: N, or M a side in model mode", elem_id="audit-samples"
-        )
-        seed = gr.Number(0, label="Seed", elem_id="audit-seed")
-    with gr.Row():
-        num_draft_tokens = gr.Slider(1, MAX_TOY_DRAFT_TOKENS, value=4, step=1, label="Draft tokens per round (K)")
-        num_candidates = gr.Slider(1, MAX_NUM_CANDIDATES, value=1, step=1, label="Candidates per round (W)")
-    with gr.Group(visible=True) as toy_box:
-        preset = gr.Dropdown(list(TOY_PRESETS), value="overlapping", label="Preset", elem_id="audit-preset")
-        target_weights = gr.Textbox(
-            preset_weights("overlapping")[0], label="Target p: a weight per token", elem_id="audit-target"
-        )
-        draft_weights = gr.Textbox(
-            preset_weights("overlapping")[1], label="Draft q: a weight per token", elem_id="audit-draft"
-        )
-    with gr.Group(visible=False) as model_box:
-        prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", elem_id="audit-prompt")
-        pair = gr.Dropdown(
-            [(p.label, p.key) for p in PAIRS], value=DEFAULT_PAIR.key, label="Pair", elem_id="audit-pair"
-        )
-        with gr.Row():
-            temperature = gr.Slider(0, 2, value=1.0, step=0.05, label="Temperature", elem_id="audit-temperature")
-            top_k = gr.Number(0, minimum=0, step=1, label="Top-k (0 = off)")
-            top_p = gr.Slider(0.05, 1, value=1, step=0.01, label="Top-p (1 = off)")
-            repetition_penalty = gr.Slider(1, 2, value=1, step=0.05, label="Repetition penalty (1 = off)")
-            num_tokens = gr.Slider(1, MAX_AUDIT_TOKENS, value=2, step=1, label="First tokens per sample")
-    with gr.Row():
-        run = gr.Button("Run the audit", variant="primary", elem_id="audit-run")
-        stop = gr.Button("Stop", variant="stop", elem_id="audit-stop")
-    verdict = gr.Markdown(elem_id="audit-verdict")
-    with gr.Row():
-        chart = gr.Plot(elem_id="audit-chart", show_label=False)
-        tv_chart = gr.Plot(elem_id="audit-tv-chart", show_label=False)
-    download = gr.DownloadButton("Download the audit (JSON)", visible=False, elem_id="audit-download")
-
-    mode.change(
-        lambda chosen: (
-            gr.update(visible=chosen == "toy"),
-            gr.update(visible=chosen == "model"),
-            DEFAULT_SAMPLES[chosen],  # a toy N is out of range in model mode
-        ),
-        inputs=mode,
-        outputs=[toy_box, model_box, num_samples],
-        queue=False,
-        api_visibility="private",
+def run_model_audit(
+    server: Server, request: AuditRequest, progress: gr.Progress, stop: threading.Event
+) -> Iterator[tuple]:
+    """The model audit in a thread of its own, its progress shown; `stop` ends it at its next round."""
+    assert request.pair is not None and request.sampling is not None
+    pair, count = request.pair, request.num_samples
+    try:
+        with openmp_workers_released():
+            target, draft = load_pair(pair, server.cache, lambda message: progress(0.0, desc=message))
+    except ValueError as error:  # no network for a Hub pair, not enough memory: the sentence says which
+        raise user_error(str(error)) from error
+    speculative = SpeculativeConfig(
+        num_draft_tokens=request.num_draft_tokens,
+        num_candidates=request.num_candidates,
+        draft_temperature=pair.draft_temperature,
     )
-    preset.change(
-        preset_weights, inputs=preset, outputs=[target_weights, draft_weights], queue=False, api_visibility="private"
-    )
-    inputs = [mode, bug, num_samples, seed, preset, target_weights, draft_weights, num_draft_tokens, num_candidates]
-    inputs += [prompt, pair, temperature, top_k, top_p, repetition_penalty, num_tokens]
-    checked = run.click(check_audit, inputs=inputs, outputs=None, preprocess=False, api_visibility="private")
-    event = checked.success(  # /audit checks again, for API clients
-        audit,
-        inputs=inputs,
-        outputs=[verdict, chart, tv_chart, download],
-        concurrency_limit=1,
-        concurrency_id="audit",
-        preprocess=False,
-        api_name="audit",
-    )
-    stop.click(None, cancels=[event], api_visibility="private")
-
-
-def _stream_model_audit(run, decode, settings: dict, progress: gr.Progress) -> Iterator[tuple]:
-    """Run the model audit in a thread; show its progress; Stop (closing this generator) ends it at the next round."""
+    prompt_ids = chat_prompt_ids(target, request.prompt)[0].tolist()
     state: dict = {"done": 0.0}
-    stop = threading.Event()
+    audit = partial(
+        model_audit,
+        target.model,
+        make_drafter(pair, target, draft),
+        target.eos_token_ids,
+        prompt_ids,
+        request.sampling,
+        speculative,
+        request.num_tokens,
+        count,
+        request.bug,
+        on_progress=lambda done: state.update(done=done),
+        should_stop=stop.is_set,
+        lock=server.models_lock,
+    )
 
     def work() -> None:
         try:
-            state["result"] = run(on_progress=lambda done: state.update(done=done), should_stop=stop.is_set)
+            state["result"] = audit()
         except Exception as error:  # reported below, in this user's page only
             state["error"] = error
 
     started = time.perf_counter()
     worker = threading.Thread(target=work, name="specdemo-audit", daemon=True)
     worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(PROGRESS_INTERVAL_SECONDS)
-            progress(state["done"], desc="Drawing samples")
-            yield f"Drawing samples: {state['done']:.0%}", gr.skip(), gr.skip(), gr.skip()
-    finally:
-        stop.set()
+    while wait_until(stop, lambda: not worker.is_alive(), PROGRESS_INTERVAL_SECONDS) and worker.is_alive():
+        progress(state["done"], desc="Drawing samples")
+        yield f"Drawing samples: {state['done']:.0%}", gr.skip(), gr.skip(), gr.skip()
+    if stop.is_set():
+        return
     if "error" in state:
         error = state["error"]
         raise user_error(f"The audit failed ({error.__class__.__name__}: {str(error)[:200]}).", log=True) from error
-    result, seconds = state["result"], time.perf_counter() - started
+    settings = {"mode": "model", "bug": request.bug, "num_samples": count, "pair": pair.key, "prompt": request.prompt}
+    settings |= {"prompt_token_ids": prompt_ids, "num_tokens": request.num_tokens, "sampling": asdict(request.sampling)}
+    settings |= {"speculative": asdict(speculative), "device": target.description}
+    yield model_verdict(server, state["result"], settings, decode_fn(target), time.perf_counter() - started)
+
+
+def model_verdict(server: Server, result, settings: dict, decode, seconds: float) -> tuple:
     shown = result.sequences[:SEQUENCES_SHOWN]
     labels = [" · ".join(repr(decode([token]))[1:-1] for token in sequence) for sequence in shown]
     record = {"settings": settings, **asdict(result), "texts": [decode(list(s)) for s in result.sequences]}
@@ -365,9 +381,9 @@ def _stream_model_audit(run, decode, settings: dict, progress: gr.Progress) -> I
     verdict = f"**{result.verdict}**\n\n{_describe(settings['bug'], settings['sampling']['seed'])} "
     verdict += f"Pair {settings['pair']}, {count:,} samples a side, {len(result.sequences):,} distinct sequences; "
     verdict += f"{seconds:.1f} s."
-    yield (
+    return (
         verdict,
         model_audit_figure(labels, result.speculative[:SEQUENCES_SHOWN], result.target_only[:SEQUENCES_SHOWN]),
         None,
-        gr.update(value=_audit_file(record), visible=True),
+        gr.update(value=server.downloads.write_json("specdemo-audit", record), visible=True),
     )

@@ -24,6 +24,7 @@ from specdemo.engine.resources import release_freed_memory
 from specdemo.models.loading import LoadedModel, Progress
 
 MAX_BATCH_ROWS = 8  # rows decoded together; a run that finds the batch full waits for a place
+STOP_POLL_SECONDS = 0.05  # how often a stream waiting for rounds looks at its stop event
 IDLE_RELEASE_SECONDS = 1.0  # after the models go idle, freed memory goes back to the system after this
 _END = object()  # a row's last item: it finished, was cancelled, or failed (the exception came just before)
 
@@ -39,12 +40,15 @@ class DecodeRequest:
 
 
 class RowStream:
-    """The rounds of one run's rows as they arrive, tagged with the row's index in the run. Closing `batches()` (Stop,
-    a disconnect) or reaching the deadline takes the rows out of the batch at the next round boundary; other runs'
-    rows go on."""
+    """The rounds of one run's rows as they arrive, tagged with the row's index in the run. Setting `stop` (Stop, a
+    disconnect), closing `batches()` or reaching the deadline takes the rows out of the batch at the next round
+    boundary; other runs' rows go on."""
 
-    def __init__(self, scheduler: Scheduler, keys: list[Hashable], deadline: float) -> None:
+    def __init__(
+        self, scheduler: Scheduler, keys: list[Hashable], deadline: float, stop: threading.Event | None = None
+    ) -> None:
         self.scheduler, self.keys, self.deadline = scheduler, keys, deadline
+        self.stop = stop or threading.Event()
         self.arrived: queue.Queue = queue.Queue()  # (row index, Round | Exception | _END)
         self.out_of_time = False  # True when the deadline, not the engine, ended the rounds
         self.delivered = False  # the first rounds go out at once: time to first token is not stretched
@@ -69,12 +73,21 @@ class RowStream:
             yield [round_ for _, round_ in batch]
 
     def _get(self, timeout: float) -> tuple[int, object]:
-        """The next item within `timeout` (queue.Empty if none came); every row ends once the deadline has passed."""
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            self.out_of_time = True
-            return -1, _END
-        return self.arrived.get(timeout=max(0.0, min(timeout, remaining)))
+        """The next item within `timeout` (queue.Empty if none came); every row ends once the deadline has passed or
+        `stop` is set, which is looked at every STOP_POLL_SECONDS."""
+        until = time.monotonic() + timeout
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                self.out_of_time = True
+                return -1, _END
+            if self.stop.is_set():
+                return -1, _END
+            try:
+                return self.arrived.get(timeout=max(0.0, min(until - time.monotonic(), remaining, STOP_POLL_SECONDS)))
+            except queue.Empty:
+                if time.monotonic() >= until:
+                    raise
 
     def _next_batch(self, interval: float, ended: set[int]) -> list[tuple[int, Round]]:
         """The rounds that arrive within `interval` of the first one (which may wait for a place in the batch)."""
@@ -123,12 +136,14 @@ class Scheduler:
         self.keys = itertools.count()
         self.worker: threading.Thread | None = None
 
-    def submit(self, requests: Sequence[DecodeRequest], deadline: float) -> RowStream:
+    def submit(
+        self, requests: Sequence[DecodeRequest], deadline: float, stop: threading.Event | None = None
+    ) -> RowStream:
         """The rows join the batch at the next round boundary (or wait for a place); their rounds arrive on the
-        stream."""
+        stream, until `stop` is set."""
         with self.condition:
             keys = [next(self.keys) for _ in requests]
-            stream = RowStream(self, keys, deadline)
+            stream = RowStream(self, keys, deadline, stop)
             for index, (key, request) in enumerate(zip(keys, requests, strict=True)):
                 self.streams[key] = (stream, index)
                 self.waiting.append((key, request))
@@ -161,7 +176,9 @@ class Scheduler:
             self._round()
 
     def _admit(self) -> None:
-        """Between rounds: cancelled rows leave, waiting rows join while there is room."""
+        """Between rounds: cancelled rows and rows whose stream was stopped leave (a stopped page may never read its
+        stream again), waiting rows join while there is room."""
+        self.cancelled |= {key for key, (stream, _) in self.streams.items() if stream.stop.is_set()}
         for key in self.cancelled:
             self.waiting = [(k, r) for k, r in self.waiting if k != key]
             self.decoder.remove(key)

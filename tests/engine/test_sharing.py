@@ -4,6 +4,7 @@ alone, and sampled rows whose drafts were cut by their past still follow the tar
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdemo.app.render import cut_note
@@ -13,9 +14,9 @@ from specdemo.core.planning import BatchCosts, plan_shared_pass
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.costs import SHARED_WIDTHS, batch_costs, shared_costs
 from specdemo.engine.decoding import BatchDecoder
-from tests.conftest import TINY_VOCAB
-from tests.test_batch import PROMPTS
-from tests.test_decoding import NO_EOS, PROMPT, exact_marginals
+from tests.engine.test_batch import PROMPTS
+from tests.engine.test_decoding import NO_EOS, PROMPT, exact_marginals
+from tests.helpers import TINY_VOCAB
 
 # like SmolLM2 on 2 cores: a round of eight rows, each on its own context, costs more than one row over 8x the tokens
 COSTS = BatchCosts.from_seconds(
@@ -77,6 +78,7 @@ def test_greedy_rows_with_cut_drafts_emit_what_they_emit_alone(tiny_target):
         assert batched[key] == decode([prompt], None)[0][0], f"row {key}"
 
 
+@pytest.mark.slow  # 1,500 seeds: about 20 s
 def test_sampled_rows_whose_drafts_are_cut_by_their_past_follow_the_target(tiny_target, tiny_draft):
     """Many seeds of a row sharing its passes with a row that drafts nothing, under costs that keep two sampled draft
     tokens while the row's acceptance is 1/2 or more and cut them to one below: the cut follows the row's own

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdemo.app.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
-from tests.conftest import make_round
+from tests.helpers import make_round
 
 ROUNDS = [
     make_round(0, [], 0, "bonus", 0.4),  # the prefill round drafted nothing

@@ -15,8 +15,8 @@ from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder, batch_generate, speculative_generate
 from specdemo.models.loading import OFFLINE_DEFAULT, chat_prompt_ids, load_model, native_bfloat16
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
-from tests.conftest import TINY_VOCAB, assert_equal_or_near_tie
-from tests.test_suffix import FREE
+from tests.drafters.test_suffix import FREE
+from tests.helpers import TINY_VOCAB, assert_equal_or_near_tie
 
 EOS = frozenset([1])
 PROMPTS = [[0, 5, 9, 5, 9, 12, 7, 5, 9], [0, 3], [0, 10, 19, 5, 21, 5, 13, 13, 21, 4, 4, 7, 4, 4], [0, 8, 8, 8]]

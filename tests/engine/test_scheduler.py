@@ -17,8 +17,8 @@ from specdemo.core.stats import emitted_ids
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.engine.scheduler import DecodeRequest, Scheduler
-from tests.conftest import TINY_VOCAB
-from tests.test_batch import EOS, PROMPTS, SETTINGS
+from tests.engine.test_batch import EOS, PROMPTS, SETTINGS
+from tests.helpers import TINY_VOCAB
 
 FAR = 1e12  # a deadline that never comes
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -16,13 +17,15 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import specdemo.app.page as ui
+import specdemo.app.one_prompt as one_prompt
 import specdemo.engine.decoding
-from specdemo.engine.scheduler import IDLE_RELEASE_SECONDS
+from specdemo.app.form import parse_request
+from specdemo.app.runs import Run
+from specdemo.engine.scheduler import IDLE_RELEASE_SECONDS, Schedulers
 from specdemo.models.loading import chat_prompt_ids
-from tests.conftest import SPELLING, assert_equal_or_near_tie, launched_app, settings, trace_of
+from tests.helpers import SPELLING, assert_equal_or_near_tie, launched_app, settings, trace_of
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 PROMPTS = (SPELLING, "Write a short poem about the sea.")
 VARIANTS = (  # mixed greedy and sampled settings
     {"temperature": 0.0},
@@ -257,8 +260,8 @@ def test_a_failure_in_a_batch_is_one_sentence_and_the_app_keeps_serving(client, 
     assert client.predict(prompts=["a", "b"], max_new_tokens=4, api_name="/generate_batch")[3][1]["token_ids"]
 
 
-def test_a_run_past_its_time_budget_stops_and_says_so(client, monkeypatch):
-    monkeypatch.setattr(ui, "RUN_TIME_BUDGET_SECONDS", 0.5)
+def test_a_run_past_its_time_budget_stops_and_says_so(client, app_server, monkeypatch):
+    monkeypatch.setattr(app_server, "budget_seconds", 0.5)
     final = client.predict(**settings("Write a long story about the sea.", max_new_tokens=300), api_name="/generate")
     assert "Stopped after 0.5 s, the time budget of one run" in final[1]
     assert "target alone" not in final[1]  # no comparison against an unfinished run
@@ -267,21 +270,22 @@ def test_a_run_past_its_time_budget_stops_and_says_so(client, monkeypatch):
 
 def test_comparisons_honour_the_time_budget(offline_model, monkeypatch):
     started: list[str] = []  # the comparisons submitted
-    original = ui.Run.submit
+    original = Run.submit
 
-    def recording(run, model, draft, request):
+    def recording(run, model, rows):
         started.append("draft alone" if started else "target alone")
-        return original(run, model, draft, request)
+        return original(run, model, rows)
 
-    monkeypatch.setattr(ui.Run, "submit", recording)
-    request = ui.parse_request(*settings("Write a long story about the sea.", max_new_tokens=300).values())
-    prompt_ids = chat_prompt_ids(offline_model, request.prompt)
+    monkeypatch.setattr(Run, "submit", recording)
+    values = settings("Write a long story about the sea.", max_new_tokens=300)
+    request = parse_request(values.pop("prompt"), values)
+    prompt_ids = chat_prompt_ids(offline_model, request.prompt)[0].tolist()
     draft = replace(offline_model)  # another LoadedModel, so the draft-alone comparison is planned too
 
     def comparisons(seconds_left: float) -> tuple:
         deadline = time.monotonic() + seconds_left
-        run = ui.Run(request, offline_model, draft, prompt_ids, ui.Schedulers(), deadline)
-        updates = ui.stream_comparisons(run, [], "", "")
+        run = Run(request, offline_model, draft, [prompt_ids], Schedulers(), deadline, threading.Event())
+        updates = one_prompt.stream_comparisons(run, [], "", "")
         while True:
             try:
                 next(updates)
@@ -297,14 +301,16 @@ def test_comparisons_honour_the_time_budget(offline_model, monkeypatch):
 def test_limits_are_shown_on_the_page(app):
     with urllib.request.urlopen(f"{app}config", timeout=10) as response:
         config = response.read().decode()
-    assert ui.LIMITS in json.loads(config)["components"].__repr__()
-    assert "4,096 tokens" in ui.LIMITS and "120 s per run" in ui.LIMITS and "up to 16 more can wait" in ui.LIMITS
+    assert one_prompt.LIMITS in json.loads(config)["components"].__repr__()
+    assert (
+        "4,096 tokens" in one_prompt.LIMITS
+        and "120 s per run" in one_prompt.LIMITS
+        and "up to 16 more can wait" in one_prompt.LIMITS
+    )
 
 
 def test_a_full_queue_answers_at_once_instead_of_hanging(offline_model, monkeypatch):
-    monkeypatch.setattr(ui, "QUEUE_SIZE", 1)
-    monkeypatch.setattr(ui, "RUN_CONCURRENCY", 1)
-    with launched_app(offline_model) as url:
+    with launched_app(offline_model, queue_size=1, run_concurrency=1) as (url, _):
         clients = [Client(url, verbose=False) for _ in range(3)]
         long_run = settings("Write a long story about the sea.", max_new_tokens=200, compare=False)
         running = clients[0].submit(**long_run, api_name="/generate")  # takes the one run slot

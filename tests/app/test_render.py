@@ -19,7 +19,7 @@ from specdemo.app.render import (
 )
 from specdemo.core.rounds import CandidateTrace
 from specdemo.core.stats import Comparison, compare_runs, run_stats
-from tests.conftest import make_round
+from tests.helpers import make_round
 
 WORDS = {1: " the", 2: " cat", 3: " sat", 4: " on", 5: " a", 6: " mat", 99: "!"}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from dataclasses import replace
 
@@ -15,13 +16,18 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import specdemo.app.page as ui
+import specdemo.app.one_prompt as one_prompt
+from specdemo.app import batch_tab, page
+from specdemo.app.form import parse_request
+from specdemo.app.runs import Run, Server
+from specdemo.app.serving import Downloads
 from specdemo.cli.main import main
 from specdemo.core.stats import emitted_ids
 from specdemo.engine.decoding import autoregressive_generate
 from specdemo.engine.scheduler import Schedulers
 from specdemo.models.loading import chat_prompt_ids, native_bfloat16
-from tests.conftest import (
+from specdemo.models.shared import ModelCache
+from tests.helpers import (
     SPELLING,
     STORY,
     assert_engine_stops_within_a_second,
@@ -32,12 +38,27 @@ from tests.conftest import (
     wait_for_rounds,
 )
 
-SETTING_NAMES = [*settings()]  # the /generate parameters, in the form's order
+SETTING_NAMES = [*settings()]  # the /generate parameters, in the settings table's order
+TODAYS_NAMES = [  # the API's names and order before the settings table: they keep working
+    *("prompt", "pair", "custom_target", "custom_draft", "temperature", "top_k", "top_p", "repetition_penalty"),
+    *("draft_temperature", "num_draft_tokens", "max_new_tokens", "seed", "chat", "compare", "num_candidates", "dtype"),
+]
 
 
 @pytest.fixture(scope="module")
 def client(app) -> Client:
     return Client(app, verbose=False)
+
+
+def direct_run(loaded, values: dict) -> Run:
+    """A run of `values` on `loaded`, made as the page makes one, without the page."""
+    request = parse_request(values.pop("prompt"), values)
+    prompt_ids = chat_prompt_ids(loaded, request.prompt)[0].tolist()
+    return Run(request, loaded, None, [prompt_ids], Schedulers(), time.monotonic() + 60, threading.Event())
+
+
+def direct_server(loaded, folder) -> Server:
+    return Server(ModelCache(), Schedulers(), Downloads(str(folder)), None)
 
 
 def cli_run(capsys, prompt: str, **options: object) -> dict:
@@ -68,6 +89,8 @@ def test_a_run_streams_growing_tokens_and_ends_with_every_output(client):
 def test_the_api_names_every_setting_and_defaults_all_but_the_prompt(client):
     parameters = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]["parameters"]
     assert [p["parameter_name"] for p in parameters] == SETTING_NAMES
+    assert SETTING_NAMES[: len(TODAYS_NAMES)] == TODAYS_NAMES  # new settings come after, drafter options first
+    assert SETTING_NAMES[len(TODAYS_NAMES) :] == ["max_ngram_size", "min_ngram_size", "suffix_cache_tokens"]
     assert [p["parameter_name"] for p in parameters if not p["parameter_has_default"]] == ["prompt"]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
     assert defaults["pair"] == "smollm2-135m-ngram" and defaults["max_new_tokens"] == 128 and defaults["compare"]
@@ -139,15 +162,13 @@ def test_the_suffix_pair_shows_each_rounds_choice_and_what_its_plans_expected(cl
     assert plans and any(p["num_tokens"] > 5 for p in plans), [p["says"] for p in plans]
 
 
-def test_the_target_alone_streams_as_the_speculative_run_did(offline_model, monkeypatch):
+def test_the_target_alone_streams_as_the_speculative_run_did(offline_model, monkeypatch, tmp_path):
     """The comparison run loads the page as the speculative run did (its text every batch, two charts at the same
     pace), so a browser on the server's cores slows both alike; its text stays, folded, under the tokens."""
-    monkeypatch.setattr(ui, "TOKENS_INTERVAL_SECONDS", 0.02)  # several updates on any device
-    monkeypatch.setattr(ui, "CHART_INTERVAL_SECONDS", 0.1)
-    request = ui.parse_request(*settings(max_new_tokens=24).values())
-    prompt_ids = chat_prompt_ids(offline_model, request.prompt)
-    run = ui.Run(request, offline_model, None, prompt_ids, Schedulers(), time.monotonic() + 60)
-    updates = list(ui.stream_run(run))
+    monkeypatch.setattr(one_prompt, "TOKENS_INTERVAL_SECONDS", 0.02)  # several updates on any device
+    monkeypatch.setattr(one_prompt, "CHART_INTERVAL_SECONDS", 0.1)
+    run = direct_run(offline_model, settings(max_new_tokens=24))
+    updates = list(one_prompt.stream_run(direct_server(offline_model, tmp_path), run))
     comparing = [u for u in updates if "Now decoding with the target alone" in u[1]]
     so_far = [int(u[0].split("decoding, ")[1].split(" tokens so far")[0]) for u in comparing]
     assert len(comparing) >= 3 and so_far == sorted(so_far) and so_far[-1] > so_far[0], so_far
@@ -162,16 +183,15 @@ def test_the_target_alone_streams_as_the_speculative_run_did(offline_model, monk
 
 
 def test_a_greedy_difference_is_located_with_the_targets_top_two_there(offline_model):
-    request = ui.parse_request(*settings(SPELLING, max_new_tokens=6).values())
-    prompt_ids = chat_prompt_ids(offline_model, SPELLING)  # [1, T]
-    run = ui.Run(request, offline_model, None, prompt_ids, Schedulers(), time.monotonic() + 60)
+    run = direct_run(offline_model, settings(SPELLING, max_new_tokens=6))
+    request, prompt_ids = run.request, torch.tensor(run.prompts)  # [1, T]
     eos = offline_model.eos_token_ids
     baseline = list(autoregressive_generate(offline_model.model, prompt_ids, request.sampling, 6, eos))
     target_ids = emitted_ids(baseline)
-    assert ui.greedy_divergence(run, baseline, baseline) is None
+    assert one_prompt.greedy_divergence(run, baseline, baseline) is None
     swapped = (target_ids[3] + 1) % offline_model.vocab_size  # the "speculative" run emits another 4th token
     speculative = [*baseline[:3], replace(baseline[3], next_token_id=swapped), *baseline[4:]]
-    divergence = ui.greedy_divergence(run, speculative, baseline)
+    divergence = one_prompt.greedy_divergence(run, speculative, baseline)
     decode = offline_model.tokenizer.decode
     assert (divergence.position, divergence.dtype) == (4, str(offline_model.model.dtype).removeprefix("torch."))
     assert divergence.speculative_text == decode([swapped]) and divergence.target_text == decode([target_ids[3]])
@@ -265,7 +285,7 @@ def test_the_batch_summary_names_the_lane_whose_rounds_were_the_batchs():
         [make_round(i, [7], 1 if i < 2 else 0, "resampled", 0.1) for i in range(3)],
         [make_round(0, [], 0, "bonus", 0.1), make_round(1, [], 0, "bonus", 0.1)],
     ]
-    summary = ui.batch_summary(lanes, 13, 1.0, "float32")
+    summary = batch_tab.batch_summary(lanes, 13, 1.0, "float32")
     assert "longest lane, lane 2: 3 target passes for 5 tokens" in summary, summary
 
 
@@ -292,6 +312,6 @@ def test_the_queue_looks_for_events_every_20_ms_not_every_1():
     with gr.Blocks() as demo:
         gr.Markdown("queue")
     demo.queue()
-    ui.calm_queue_polling(demo)
-    for name, seconds in ui.QUEUE_POLL_SECONDS.items():
+    page.calm_queue_polling(demo)
+    for name, seconds in page.QUEUE_POLL_SECONDS.items():
         assert getattr(demo._queue, name) == seconds, name

@@ -18,7 +18,7 @@ from specdemo.core.stats import (
     run_stats,
 )
 from specdemo.core.verify import rejection_sample
-from tests.conftest import make_round
+from tests.helpers import make_round
 
 
 def timed(round_, draft: float = 0.0, verify: float = 0.1, other: float = 0.0):

@@ -22,7 +22,7 @@ from specdemo.bench.single import (
 from specdemo.cli.main import main
 from specdemo.config import SpeculativeConfig
 from specdemo.engine.costs import pass_costs
-from tests.conftest import make_round
+from tests.helpers import make_round
 
 GOOD = {"name": "copy", "grounded": True, "text": "Repeat this list: apples, bread, milk, eggs, rice, tea."}
 

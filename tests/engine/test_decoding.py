@@ -11,7 +11,7 @@ from specdemo.core.sampling import build_warpers, logits_to_probs
 from specdemo.core.stats import emitted_ids, run_stats
 from specdemo.drafters import DraftRequest, ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
-from tests.conftest import TINY_VOCAB, hf_greedy, seeded_runs
+from tests.helpers import TINY_VOCAB, hf_greedy, seeded_runs
 
 NO_EOS: frozenset[int] = frozenset()
 EOS = frozenset([1])  # the tiny models' eos_token_id, which generate() stops at too

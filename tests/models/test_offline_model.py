@@ -12,7 +12,7 @@ from specdemo.core.stats import emitted_ids, run_stats
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.models.loading import chat_prompt_ids
-from tests.conftest import hf_greedy
+from tests.helpers import hf_greedy
 
 MAX_NEW_TOKENS = 48
 GREEDY = SamplingConfig()

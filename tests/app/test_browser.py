@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_engine_stops_within_a_second, count_rounds, wait_for_rounds
+from tests.helpers import assert_engine_stops_within_a_second, count_rounds, wait_for_rounds
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
 # Screenshots go here (gitignored) only: the README's assets/screenshot.png is refreshed deliberately, by hand.
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 # No background networking: this machine's closed network refuses those connections.
 CHROMIUM_FLAGS = [
     "--no-sandbox",

@@ -19,7 +19,7 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.verify import rejection_sample
 from specdemo.drafters import ModelDrafter
 from specdemo.engine.decoding import BatchDecoder
-from tests.conftest import TINY_VOCAB, assert_engine_stops_within_a_second, count_rounds, tiny_model, wait_for_rounds
+from tests.helpers import TINY_VOCAB, assert_engine_stops_within_a_second, count_rounds, tiny_model, wait_for_rounds
 
 PLANTED = [bug for bug in BUGS if bug != "none"]
 

@@ -1,0 +1,272 @@
+"""The one settings table: each row is a setting (its name, control, default, limits, label and help), and from the
+table come the page's controls, the API's parameter names and defaults, the checked RunRequest, and the tests'
+settings helper. Adding a setting is adding a row; the drafter kinds' options are rows made from their dataclasses."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import gradio as gr
+import torch
+
+from specdemo.config import (
+    MAX_NUM_CANDIDATES,
+    MAX_NUM_DRAFT_TOKENS,
+    SamplingConfig,
+    SpeculativeConfig,
+    check_prompt,
+    whole_number,
+)
+from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_fields
+from specdemo.models.loading import DTYPE_CHOICES, LOCAL_PATHS_VARIABLE, dtype_reason, pick_device, resolve_dtype
+from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, custom_pair, find_pair
+
+Control = Literal["dropdown", "textbox", "slider", "number", "checkbox", "radio"]
+CUSTOM = "custom"
+UI_MAX_NEW_TOKENS = 512  # the slider's end: a run stays well under a minute on a CPU
+
+
+@dataclass(frozen=True)
+class Field:
+    """One setting: how the page shows it, what the API calls it and what it defaults to, and how it is read."""
+
+    name: str  # the API parameter, the RunRequest's key, the tests' helper key
+    control: Control
+    default: Any
+    label: str
+    low: float | None = None  # sliders and numbers
+    high: float | None = None
+    step: float | None = None
+    choices: Sequence[Any] = ()  # dropdowns and radios: values, or (label, value) pairs
+    info: str = ""  # the help under the control
+    elem_id: str | None = None
+    visible: bool = True
+    section: str = "model"  # where the page puts it (SECTIONS)
+    kind: str | None = None  # a drafter kind's option: shown when the pair drafts with that kind
+    read: Callable[[Any], Any] = lambda value: value  # the raw value (a float from a number field...) as the setting
+
+    def component(self, **changes: Any) -> gr.components.Component:
+        """This setting's control on the page (`changes`: another elem_id or default, for another tab)."""
+        spec = replace(self, **changes)
+        common = {"label": spec.label, "visible": spec.visible, "elem_id": spec.elem_id, "info": spec.info or None}
+        if spec.control == "slider":
+            return gr.Slider(spec.low, spec.high, value=spec.default, step=spec.step, **common)
+        if spec.control == "number":
+            return gr.Number(spec.default, minimum=spec.low, step=spec.step, **common)
+        if spec.control == "dropdown":
+            return gr.Dropdown(list(spec.choices), value=spec.default, **common)
+        if spec.control == "radio":
+            return gr.Radio(list(spec.choices), value=spec.default, **common)
+        if spec.control == "checkbox":
+            return gr.Checkbox(spec.default, **common)
+        return gr.Textbox(spec.default, lines=1 if spec.step is None else int(spec.step), **common)
+
+
+def whole(name: str) -> Callable[[Any], int]:
+    return lambda value: whole_number(name, value)
+
+
+def _option_rows() -> list[Field]:
+    """The drafter kinds' options, one row each, shown for the kind the pair drafts with."""
+    return [
+        Field(
+            spec.name,
+            "number",
+            spec.default,
+            spec.metadata["label"],
+            low=spec.metadata["low"],
+            high=spec.metadata["high"],
+            step=1,
+            info=f"{spec.metadata['help']} ({spec.metadata['low']:,} to {spec.metadata['high']:,})",
+            elem_id=spec.name.replace("_", "-"),
+            visible=kind.name == DEFAULT_PAIR.drafter,
+            section="drafter",
+            kind=kind.name,
+            read=whole(spec.name.replace("_", "-")),
+        )
+        for kind, spec in option_fields()
+    ]
+
+
+SECTIONS = {"model": None, "sampling": "Sampling", "speculation": "Speculation", "drafter": "Drafter options"}
+RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, so positional clients keep working
+    Field(
+        "pair",
+        "dropdown",
+        DEFAULT_PAIR.key,
+        "Draft / target pair",
+        choices=[(p.label, p.key) for p in PAIRS] + [("Custom: any two Hub ids", CUSTOM)],
+        elem_id="pair",
+    ),
+    Field("custom_target", "textbox", "", "Target (Hub id)", elem_id="custom-target", visible=False),
+    Field(
+        "custom_draft",
+        "textbox",
+        NGRAM,
+        f"Drafter (a Hub id, or {drafter_names()})",
+        elem_id="custom-draft",
+        visible=False,
+    ),
+    Field("temperature", "slider", 0.0, "Temperature (0 = greedy)", 0, 2, 0.05, section="sampling"),
+    Field("top_k", "number", 0, "Top-k (0 = off)", 0, None, 1, section="sampling", read=whole("top-k")),
+    Field("top_p", "slider", 1.0, "Top-p (1 = off)", 0.05, 1, 0.01, section="sampling"),
+    Field("repetition_penalty", "slider", 1.0, "Repetition penalty (1 = off)", 1, 2, 0.05, section="sampling"),
+    Field(
+        "draft_temperature",
+        "slider",
+        1.5,
+        "Draft temperature (the draft samples at its own)",
+        0,
+        2,
+        0.05,
+        visible=False,
+        section="sampling",
+    ),
+    Field(
+        "num_draft_tokens",
+        "slider",
+        SpeculativeConfig.num_draft_tokens,
+        "Draft tokens per round (γ; the most, for a cost-aware drafter)",
+        1,
+        MAX_NUM_DRAFT_TOKENS,
+        1,
+        elem_id="num-draft-tokens",
+        section="speculation",
+        read=whole("draft tokens per round"),
+    ),
+    Field(
+        "max_new_tokens",
+        "slider",
+        SpeculativeConfig.max_new_tokens,
+        "Max new tokens",
+        1,
+        UI_MAX_NEW_TOKENS,
+        1,
+        elem_id="max-new-tokens",
+        section="speculation",
+        read=whole("max new tokens"),
+    ),
+    Field("seed", "number", 0, "Seed", 0, None, 1, section="sampling", read=whole("seed")),
+    Field("chat", "checkbox", True, "Apply the chat template", section="speculation", read=bool),
+    Field("compare", "checkbox", True, "Then run the target alone, to compare", section="speculation", read=bool),
+    Field(
+        "num_candidates",
+        "slider",
+        1,
+        "Candidates per round (W): drafts the target checks together",
+        1,
+        MAX_NUM_CANDIDATES,
+        1,
+        elem_id="num-candidates",
+        section="speculation",
+        read=whole("candidates per round (W)"),
+    ),
+    Field(
+        "dtype",
+        "dropdown",
+        "auto",
+        "Number format (auto: bfloat16 where the device computes in it natively, else float32)",
+        choices=list(DTYPE_CHOICES),
+        elem_id="dtype",
+        read=str,
+    ),
+    *_option_rows(),
+]
+
+
+def by_name(fields: Sequence[Field], name: str) -> Field:
+    return next(spec for spec in fields if spec.name == name)
+
+
+def defaults(fields: Sequence[Field] = RUN_FIELDS, **changes: Any) -> dict[str, Any]:
+    """The settings by name at their defaults (a user's starting point), with `changes`."""
+    return {spec.name: spec.default for spec in fields} | changes
+
+
+def signature(leading: Sequence[inspect.Parameter], fields: Sequence[Field], **overrides: Any) -> inspect.Signature:
+    """A handler's signature: `leading` (the prompt), then every setting by name with its default (or `overrides`),
+    then Gradio's progress tracker. The API page lists these names, and a client may send only what it changes."""
+    settings = [
+        inspect.Parameter(
+            spec.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=overrides.get(spec.name, spec.default)
+        )
+        for spec in fields
+    ]
+    progress = inspect.Parameter(
+        "progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress(), annotation=gr.Progress
+    )
+    return inspect.Signature([*leading, *settings, progress])
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything a run needs, checked: the pair and the settings, and every setting by name as it was read."""
+
+    prompt: str
+    pair: Pair
+    sampling: SamplingConfig
+    speculative: SpeculativeConfig
+    drafter_options: object | None  # the pair's drafter kind's options; None for a draft model
+    chat: bool
+    compare: bool
+    allow_local: bool  # the operator allowed local directories (SPECDEMO_ALLOW_LOCAL_PATHS=1)
+    dtype: torch.dtype  # weights and activations, from the form's Number format on this device
+    dtype_reason: str  # what the page says, e.g. "float32 (auto: this CPU has no native bfloat16)"
+    values: dict[str, Any] = field(default_factory=dict)  # every setting, read
+
+
+def parse_request(prompt: str, values: dict[str, Any]) -> RunRequest:
+    """The form's values (by name; missing ones at their defaults) as checked settings; a ValueError names the first
+    bad one."""
+    check_prompt(prompt)
+    read = {spec.name: spec.read(values.get(spec.name, spec.default)) for spec in RUN_FIELDS}
+    if read["max_new_tokens"] > UI_MAX_NEW_TOKENS:  # below 1, SpeculativeConfig's sentence
+        raise ValueError(
+            f"max new tokens must be between 1 and {UI_MAX_NEW_TOKENS} here, got {values.get('max_new_tokens')}."
+        )
+    allow_local = os.environ.get(LOCAL_PATHS_VARIABLE) == "1"
+    pair_key = read["pair"]
+    custom_draft = str(read["custom_draft"] or "").strip() or NGRAM
+    pair = (
+        custom_pair(str(read["custom_target"] or "").strip(), custom_draft, allow_local)
+        if pair_key == CUSTOM
+        else (find_pair(pair_key))
+    )
+    sampling = SamplingConfig(
+        read["temperature"], read["top_k"], read["top_p"], read["repetition_penalty"], read["seed"]
+    )
+    speculative = SpeculativeConfig(
+        num_draft_tokens=read["num_draft_tokens"],
+        max_new_tokens=read["max_new_tokens"],
+        draft_temperature=read["draft_temperature"] if pair.uses_draft_model else None,
+        num_candidates=read["num_candidates"],
+    )
+    options = drafter_options(pair.drafter, read)  # the other kinds' options are hidden on the page: not read
+    device = pick_device()  # where the cache loads models
+    dtype, reason = resolve_dtype(read["dtype"], device), dtype_reason(read["dtype"], device)
+    chat, compare = read["chat"], read["compare"]
+    return RunRequest(prompt, pair, sampling, speculative, options, chat, compare, allow_local, dtype, reason, read)
+
+
+def describe_pair(pair_key: str) -> list:
+    """What changes with the pair: its note, the custom id fields, the draft temperature (draft models only) and the
+    options of the kind it drafts with (the others hidden)."""
+    custom = pair_key == CUSTOM
+    pair = None if custom else find_pair(pair_key)
+    note = (
+        f"Type a target and a drafter that share a tokenizer, or {drafter_names()} as the drafter."
+        if custom
+        else (pair.note)
+    )
+    draft_model = custom or pair.uses_draft_model
+    updates = [note, gr.update(visible=custom), gr.update(visible=custom)]
+    temperature = (pair.draft_temperature or 0.0) if pair is not None and pair.uses_draft_model else gr.skip()
+    updates.append(gr.update(visible=draft_model, value=temperature))
+    kinds = {spec.kind for spec in RUN_FIELDS if spec.kind}
+    drafter = pair.drafter if pair is not None else None
+    updates += [gr.update(visible=custom or kind == drafter) for kind in sorted(kinds)]  # one column per kind
+    return updates

@@ -1,0 +1,351 @@
+"""The One prompt tab and /generate: one prompt decoded speculatively, streamed round by round, then the target (and
+a draft model) alone to compare; the summary explains the speedup with measured parts."""
+
+from __future__ import annotations
+
+import html
+import inspect
+import threading
+import time
+from collections.abc import Generator, Iterator
+from functools import partial
+
+import gradio as gr
+import torch
+
+from specdemo.app.form import RUN_FIELDS, UI_MAX_NEW_TOKENS, parse_request, signature
+from specdemo.app.messages import user_error
+from specdemo.app.plots import (
+    acceptance_figure,
+    candidates_sweep_figure,
+    latency_figure,
+    positions_figure,
+    throughput_figure,
+    waiting,
+)
+from specdemo.app.render import (
+    CANDIDATES_CSS,
+    LANES_CSS,
+    TOKEN_CSS,
+    Divergence,
+    alone_html,
+    candidates_html,
+    cut_note,
+    first_difference,
+    html_spans,
+    round_spans,
+    sharing_note,
+    summary_markdown,
+    token_text,
+)
+from specdemo.app.runs import (
+    QUEUE_SIZE,
+    RUN_CONCURRENCY,
+    RUN_TIME_BUDGET_SECONDS,
+    Run,
+    Server,
+    check_values,
+    decode_fn,
+    in_progress,
+    on_gpu,
+    stopped_summary,
+    sweep_caption,
+    trace_record,
+)
+from specdemo.app.serving import stoppable
+from specdemo.config import MAX_NUM_DRAFT_TOKENS, MAX_PROMPT_CHARACTERS, MAX_PROMPT_TOKENS, SpeculativeConfig
+from specdemo.core.rounds import Round
+from specdemo.core.sampling import penalised_scores
+from specdemo.core.stats import compare_runs, emitted_ids, run_stats
+from specdemo.engine.resources import openmp_workers_released
+from specdemo.engine.scheduler import DecodeRequest
+from specdemo.pairs import DEFAULT_PAIR
+
+CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~3 ms to build four): at most 2 updates a second, shared
+# by the rows of a batch (each of 8 rows' pages gets one every 4 s), as are the tokens' updates. The target alone
+# redraws the two charts it changes twice as often, so both timed runs load a browser on the server's cores alike
+# (`make demo` on a laptop): plotly is most of the page's script time.
+TOKENS_INTERVAL_SECONDS = 0.1  # tokens stream in batches of rounds, so the page's work never slows the engine
+THEME_CSS = TOKEN_CSS + CANDIDATES_CSS + LANES_CSS
+LIMITS = (
+    f"Limits: a prompt of up to {MAX_PROMPT_TOKENS:,} tokens ({MAX_PROMPT_CHARACTERS:,} characters), up to "
+    f"{UI_MAX_NEW_TOKENS} new tokens, up to {MAX_NUM_DRAFT_TOKENS} draft tokens per round, "
+    f"{RUN_TIME_BUDGET_SECONDS:.0f} s per run. Up to {RUN_CONCURRENCY} runs share each model pass; up to {QUEUE_SIZE} "
+    "more can wait."
+)
+EXAMPLES = [
+    [
+        "Correct the spelling mistakes in this text and return the corrected text:\n\nThe quartely planing meeting is "
+        "moved from Tuesday to Thursday. Anna will presnt the budget review and Tom will cover the hirring plan.",
+        DEFAULT_PAIR.key,
+        0.0,
+    ],
+    [
+        "Summarise this message in two sentences:\n\nThe quarterly planning meeting is moved from Tuesday, March 4 to "
+        "Thursday, March 6 at 10:00 in room 2.14. Anna Berg will present the budget review, Tom Lee will cover the "
+        "hiring plan, and Maria Lopez will report on the customer survey.",
+        DEFAULT_PAIR.key,
+        0.0,
+    ],
+    ["Write a short story about a lighthouse keeper who finds a message in a bottle.", "smollm2-135m-self", 0.0],
+    ["Explain why the sky is blue to a ten-year-old.", "smollm2-135m-self", 0.7],
+]
+NAMES = ["prompt", *(spec.name for spec in RUN_FIELDS)]
+PROMPT = inspect.Parameter("prompt", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
+
+
+def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> None:
+    """The tab's prompt, buttons, tokens, summary and charts, and its events (/generate)."""
+    prompt = gr.Textbox(
+        lines=5,
+        label="Prompt",
+        elem_id="prompt",
+        placeholder="Text to continue; input-grounded tasks (edit, summarise) draft best",
+    )
+    with gr.Row():
+        run = gr.Button("Run", variant="primary", elem_id="run")
+        stop = gr.Button("Stop", variant="stop", elem_id="stop")
+    gr.Markdown(LIMITS, elem_id="limits")
+    gr.Examples(EXAMPLES, inputs=[prompt, settings["pair"], settings["temperature"]], cache_examples=False)
+    tokens = gr.HTML(
+        "", label="Tokens", css_template=THEME_CSS, elem_id="tokens", elem_classes=["tokens"], min_height=80
+    )
+    summary = gr.Markdown(elem_id="summary")
+    empty = [waiting(figure) for figure in charts([], SpeculativeConfig().num_draft_tokens)]
+    with gr.Row():
+        acceptance = gr.Plot(empty[0], elem_id="acceptance-chart", show_label=False)
+        latency = gr.Plot(empty[1], elem_id="latency-chart", show_label=False)
+    with gr.Row():
+        positions = gr.Plot(empty[2], elem_id="positions-chart", show_label=False)
+        throughput = gr.Plot(empty[3], elem_id="throughput-chart", show_label=False)
+    with gr.Accordion("Candidates of each round (W)", open=False):
+        candidates = gr.HTML("", css_template=THEME_CSS, elem_id="candidates")
+        if server.sweep is not None:
+            gr.Plot(candidates_sweep_figure(server.sweep), elem_id="candidates-chart", show_label=False)
+            gr.Markdown(sweep_caption(server.sweep, "candidates"))
+    trace = gr.DownloadButton("Download the trace (JSON)", visible=False, elem_id="trace")
+    inputs = [prompt, *settings.values()]
+    outputs = [tokens, summary, acceptance, latency, positions, throughput, trace, candidates]
+    handler = stoppable(
+        on_gpu(partial(run_steps, server)), signature([PROMPT], RUN_FIELDS), "generate", run_steps.__doc__
+    )
+    check = check_values(NAMES, lambda values: parse_request(values.pop("prompt"), values))
+    # preprocess=False: the handler checks the raw values itself, so every refusal names its setting (Gradio's own
+    # range check says only "Value -1.0 is less than minimum value 0."). The check comes first, in an event with no
+    # outputs, so a refusal is a message and the last run's tokens and charts stay; /generate checks again.
+    events = []
+    for trigger in (run.click, prompt.submit):
+        checked = trigger(check, inputs=inputs, outputs=None, preprocess=False, api_visibility="private")
+        events.append(
+            checked.success(
+                handler,
+                inputs=inputs,
+                outputs=outputs,
+                concurrency_limit=server.run_concurrency,
+                concurrency_id="generate",  # Run, Enter and the batch share the run slots
+                preprocess=False,
+                api_name="generate" if trigger == run.click else False,
+            )
+        )
+    # The note comes after the cancel, so no update of the stopped run that was already on its way overwrites it.
+    stop.click(None, cancels=events, api_visibility="private").then(
+        stopped_summary, inputs=summary, outputs=summary, queue=False, api_visibility="private"
+    )
+
+
+def run_steps(server: Server, *values: object, stop: threading.Event) -> Iterator[tuple]:
+    """The steps of /generate: speculative decoding of `prompt` with the draft/target `pair` and W = `num_candidates`
+    drafts per round, in the number format `dtype` (auto, float32 or bfloat16), streamed; then, with `compare`, the
+    target (and draft model) alone. Each parameter but `prompt` defaults to the form's value. Runs that arrive together
+    share the model's passes."""
+    named = dict(zip(NAMES, values, strict=False))
+    progress = values[len(NAMES)] if len(values) > len(NAMES) else gr.Progress()
+    try:
+        run = server.prepare([named.pop("prompt")], named, progress, stop)
+    except ValueError as error:
+        raise user_error(str(error)) from error
+    try:
+        yield from stream_run(server, run)
+    except Exception as error:  # a model error, out of memory...: this run fails, the app and its models stay
+        message = f"The run failed ({error.__class__.__name__}: {str(error)[:200]})"
+        yield gr.skip(), html.escape(f"**{message}.**", quote=False), *unchanged_charts()
+        raise user_error(
+            f"{message}. The app is still serving: try again, or fewer tokens or a smaller pair.", log=True
+        ) from error
+
+
+def unchanged_charts() -> tuple:
+    """The four charts, the trace and the candidates left as they are (fresh objects: Gradio may consume an
+    update)."""
+    return tuple(gr.skip() for _ in range(6))
+
+
+def stream_run(server: Server, run: Run) -> Iterator[tuple]:
+    """Yield (tokens, summary, four charts, trace, candidates) as rounds arrive, then while the comparisons run; the
+    last update carries every output, and its summary says why the run ended when it ended early."""
+    request = run.request
+    yield "", in_progress("", "Decoding"), *unchanged_charts()  # at once: the page holds the run from here on
+    rounds, tokens_html, summary, out_of_time = yield from stream_speculative(run)
+    alone: dict[str, list[Round]] = {}
+    if request.compare and not out_of_time and not run.stop.is_set():
+        alone, out_of_time = yield from stream_comparisons(run, rounds, tokens_html, summary)
+    if run.stop.is_set():
+        return
+    baseline = alone.get("target alone", [])
+    summary = final_summary(run, rounds, baseline, alone.get("draft alone", []))
+    if out_of_time:
+        note = (
+            f"Stopped after {run.budget_seconds:g} s, the time budget of one run: lower max new tokens, "
+            "turn off the comparison, or pick a faster pair."
+        )
+        gr.Warning(note)
+        summary = f"**{note}**\n\n{summary}"
+    tokens_html += alone_blocks(run, alone, running=None)
+    record = trace_record(request, run.target, run.prompts[0], rounds, baseline)
+    trace = server.downloads.write_json("specdemo-trace", record)
+    num_draft_tokens = request.speculative.num_draft_tokens
+    yield (
+        tokens_html,
+        summary,
+        *charts(rounds, num_draft_tokens, baseline),
+        gr.update(value=trace, visible=True),
+        gr.skip(),
+    )
+
+
+def final_summary(run: Run, rounds: list[Round], baseline: list[Round], draft_alone: list[Round]) -> str:
+    """The summary once the run and its comparisons are done: the speedup explained, and what sharing changed."""
+    request = run.request
+    num_draft_tokens = request.speculative.num_draft_tokens
+    shared = sharing_note(rounds, baseline) if baseline else None
+    comparison = compare_runs(rounds, baseline, num_draft_tokens) if baseline and not shared else None
+    greedy = request.sampling.is_greedy
+    differ = greedy and comparison is not None and not comparison.identical  # then say where, and how near a tie
+    summary = summary_markdown(
+        run_stats(rounds),
+        num_draft_tokens,
+        baseline=run_stats(baseline) if baseline else None,
+        comparison=comparison,
+        draft_alone=run_stats(draft_alone) if draft_alone else None,
+        greedy=greedy,
+        number_format=request.dtype_reason,
+        divergence=greedy_divergence(run, rounds, baseline) if differ else None,
+    )
+    for note in (shared, cut_note(rounds, greedy)):
+        if note:
+            summary += f"\n\n{note}"
+    return summary
+
+
+def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], str, str, bool]]:
+    """The speculative run, streamed: tokens every batch, charts and candidates at most twice a second, until done or
+    the deadline. Returns its rounds, token HTML, summary, and whether the deadline ended it."""
+    sampling, speculative = run.request.sampling, run.request.speculative
+    decode = decode_fn(run.target)
+    rounds: list[Round] = []
+    emitted: list[int] = []
+    tokens_html, summary, last_chart = "", "", 0.0
+    stream = run.submit(run.target, [DecodeRequest(run.prompts[0], sampling, speculative)])
+    for batch in stream.rounds(TOKENS_INTERVAL_SECONDS):
+        rounds.extend(batch)
+        tokens_html += "".join(html_spans(round_spans(round_, decode, emitted)) for round_ in batch)
+        summary = summary_markdown(
+            run_stats(rounds), speculative.num_draft_tokens, number_format=run.request.dtype_reason
+        )
+        streamed = in_progress(summary, f"Decoding: {len(emitted)} tokens so far")
+        if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS * max(1, stream.scheduler.num_rows):
+            last_chart = time.monotonic()
+            candidates = candidates_html(rounds, decode)
+            yield tokens_html, streamed, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates
+        else:
+            yield tokens_html, streamed, *unchanged_charts()
+    candidates = candidates_html(rounds, decode)  # every round's, the last included
+    final = in_progress(summary, f"Decoded {len(emitted)} tokens")
+    yield tokens_html, final, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates
+    return rounds, tokens_html, summary, stream.out_of_time
+
+
+def stream_comparisons(
+    run: Run, speculative_rounds: list[Round], tokens_html: str, summary: str
+) -> Generator[tuple, None, tuple[dict[str, list[Round]], bool]]:
+    """Decode with the target alone, then the draft model alone, as rows that draft nothing in the same schedulers
+    as other runs, streamed as the speculative run was: the text under its tokens at the same pace, and the two charts
+    it changes redrawn twice as often as that run's four (see CHART_INTERVAL_SECONDS), so the speedup compares runs
+    that loaded the page alike. None starts after the deadline and a running one stops at it. Returns their rounds by
+    label (none when the deadline came first) and whether it did."""
+    collected: dict[str, list[Round]] = {}
+    for label, model, sampling in comparison_runs(run):
+        rounds = collected.setdefault(label, [])
+        speculative = SpeculativeConfig(max_new_tokens=run.request.speculative.max_new_tokens)
+        stream = run.submit(model, [DecodeRequest(run.prompts[0], sampling, speculative, drafting=False)])
+        last_chart = 0.0
+        for batch in stream.rounds(TOKENS_INTERVAL_SECONDS):  # Stop works here too
+            rounds.extend(batch)
+            page = tokens_html + alone_blocks(run, collected, running=label)
+            streamed = in_progress(summary, f"Now decoding with the {label}, to compare: {len(rounds)} tokens")
+            # the two charts it changes, twice as often: as many charts a second as the speculative run's four
+            if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS / 2 * max(1, stream.scheduler.num_rows):
+                last_chart = time.monotonic()
+                baseline = collected["target alone"]
+                live = latency_figure(speculative_rounds, baseline), throughput_figure(speculative_rounds, baseline)
+                yield page, streamed, gr.skip(), live[0], gr.skip(), live[1], gr.skip(), gr.skip()
+            else:
+                yield page, streamed, *unchanged_charts()
+        if stream.out_of_time:  # an unfinished comparison would compare unlike things
+            return {}, True
+    return collected, False
+
+
+def comparison_runs(run: Run) -> list[tuple[str, object, object]]:
+    """What to decode alone after the speculative run: the target, and the draft model when there is one (label,
+    model, its sampling settings)."""
+    runs = [("target alone", run.target, run.request.sampling)]
+    if run.draft is not None and run.draft is not run.target:
+        runs.append(("draft alone", run.draft, run.request.speculative.draft_sampling(run.request.sampling)))
+    return runs
+
+
+def alone_blocks(run: Run, alone: dict[str, list[Round]], running: str | None) -> str:
+    """The comparison runs' texts, in the order they ran; `running` names the one still decoding."""
+    decode = decode_fn(run.target)  # a draft model shares the tokenizer
+    return "".join(
+        alone_html(label, decode(ids := emitted_ids(rounds)), len(ids), running=label == running)
+        for label, rounds in alone.items()
+        if rounds
+    )
+
+
+@torch.inference_mode()
+def greedy_divergence(run: Run, rounds: list[Round], baseline: list[Round]) -> Divergence | None:
+    """Where a greedy run's tokens first differ from the target alone's, with the target's top two there, from one
+    pass over the shared prefix (only taken when they differ); None where one run's tokens begin the other's."""
+    speculative_ids, target_ids = emitted_ids(rounds), emitted_ids(baseline)
+    first = first_difference(speculative_ids, target_ids)
+    if first is None:
+        return None
+    context = [*run.prompts[0], *target_ids[:first]]
+    context_ids = torch.tensor([context], device=run.target.device)  # [1, T + first]
+    with run.schedulers.models_lock, openmp_workers_released():  # apart from other runs' passes; a Gradio thread
+        logits = run.target.model(input_ids=context_ids, logits_to_keep=1).logits  # [1, 1, V]
+    scores = penalised_scores(logits, context_ids, run.request.sampling)[0, 0]  # [V] what greedy takes the argmax of
+    top_logits = scores.topk(2).values  # [2]
+    top_probs = scores.softmax(dim=-1).topk(2).values  # [2]
+    decode = decode_fn(run.target)
+    return Divergence(
+        position=first + 1,
+        speculative_text=token_text(decode, context, speculative_ids[first]),
+        target_text=token_text(decode, context, target_ids[first]),
+        top2_logit_gap=float(top_logits[0] - top_logits[1]),
+        top2_probs=(float(top_probs[0]), float(top_probs[1])),
+        dtype=str(run.target.model.dtype).removeprefix("torch."),
+    )
+
+
+def charts(rounds: list[Round], num_draft_tokens: int, baseline: list[Round] | None = None) -> tuple:
+    """The four charts of the run (the throughput one against the target alone, when it ran)."""
+    return (
+        acceptance_figure(rounds),
+        latency_figure(rounds, baseline or []),
+        positions_figure(rounds, num_draft_tokens),
+        throughput_figure(rounds, baseline or []),
+    )

@@ -1,0 +1,198 @@
+"""What the tabs share on the server: the loaded models, the schedulers that let runs share passes, the downloads
+folder and the measured sweep; and turning a form's values into a ready run (checked settings, models, prompts)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from specdemo.app.form import RunRequest, parse_request
+from specdemo.app.messages import user_error
+from specdemo.app.serving import Downloads
+from specdemo.config import check_prompt_fits
+from specdemo.core.rounds import Round
+from specdemo.core.stats import round_record, run_stats
+from specdemo.drafters.registry import NGRAM
+from specdemo.engine.resources import openmp_workers_released
+from specdemo.engine.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
+from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids
+from specdemo.models.shared import ModelCache
+from specdemo.pairs import DEFAULT_PAIR, load_pair
+
+try:  # On a ZeroGPU Space, GPU work runs inside @spaces.GPU; elsewhere the package is absent and this is a no-op.
+    import spaces
+
+    on_gpu = spaces.GPU(duration=120)
+    ON_ZEROGPU = True  # each call runs in its own GPU worker: runs cannot share a batch there
+except ImportError:
+    ON_ZEROGPU = False
+
+    def on_gpu(function):  # type: ignore[no-redef]
+        return function
+
+
+RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so
+RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one at a time on ZeroGPU)
+QUEUE_SIZE = 16  # waiting runs beyond this are told the queue is full
+IN_PROGRESS_END = "…*"  # how every streamed summary but the last ends
+SWEEP_FILE = "assets/batch-sweep.json"  # bench --batch-sizes, measured, drawn on the Batch tab
+SWEEP_LESSONS = {  # what each of the sweep's charts teaches, after the sentence that says how it was measured
+    "batch": "Where the speculative line falls under target-only, drafting costs more than it wins at that batch size. "
+    "Batches here cut their drafts for shared passes, as the sweep's line of that name did.",
+    "candidates": "More candidates per round win more tokens per target pass, and every one of them widens the pass: "
+    "the batch chart on the Batch tab shows what that costs in tokens/s.",
+}
+
+
+@dataclass
+class Server:
+    """The server's shared state, made once by build_demo."""
+
+    cache: ModelCache  # loaded models, shared across runs and users
+    schedulers: Schedulers  # runs of the same models share their passes
+    downloads: Downloads  # trace and audit files, a bounded folder
+    sweep: dict | None  # the measured batch sweep, or None
+    run_concurrency: int = RUN_CONCURRENCY  # runs decoding at once
+    budget_seconds: float = RUN_TIME_BUDGET_SECONDS  # one run's time, comparisons included
+
+    @classmethod
+    def start(cls, cache: ModelCache | None = None, **limits: float) -> Server:
+        """Load the default pair before the first visitor (ZeroGPU wants models loaded outside GPU functions) and
+        measure what shared batches cut their drafts by."""
+        cache = cache or ModelCache(pinned=OFFLINE_DEFAULT)
+        with openmp_workers_released():  # this thread then waits for the server; the runs' threads decode
+            target, _ = load_pair(DEFAULT_PAIR, cache, progress=print)
+            if not ON_ZEROGPU:
+                measure_for_sharing(target, print)
+        path = Path(__file__).resolve().parents[2] / SWEEP_FILE
+        sweep = json.loads(path.read_text()) if path.is_file() else None
+        return cls(cache, Schedulers(), Downloads(), sweep, **limits)
+
+    @property
+    def models_lock(self) -> threading.Lock:
+        return self.schedulers.models_lock
+
+    def prepare(self, prompts: list[str], values: dict, progress: gr.Progress, stop: threading.Event) -> Run:
+        """The checked request, its models and encoded prompts; a ValueError names the problem."""
+        request = parse_request(prompts[0], values)
+        report: Callable[[str], None] = lambda message: progress(0.0, desc=message)  # noqa: E731
+        with openmp_workers_released():  # a Gradio worker thread: it lives on, idle
+            target, draft = load_pair(
+                request.pair, self.cache, report, allow_local=request.allow_local, dtype=request.dtype
+            )  # the comparisons run on these same models, so in the same format
+            if not ON_ZEROGPU:
+                measure_for_sharing(target, report)
+        encoded = []
+        for number, text in enumerate(prompts, start=1):
+            prompt_ids = chat_prompt_ids(target, text, chat=request.chat)  # [1, T]
+            try:
+                check_prompt_fits(prompt_ids.shape[1], request.speculative.max_new_tokens, target.context_length)
+            except ValueError as error:
+                raise ValueError(f"Prompt {number}: {error}" if len(prompts) > 1 else str(error)) from None
+            encoded.append(prompt_ids[0].tolist())
+        schedulers = Schedulers() if ON_ZEROGPU else self.schedulers  # ZeroGPU: each call in its own worker
+        deadline = time.monotonic() + self.budget_seconds
+        return Run(request, target, draft, encoded, schedulers, deadline, stop, self.budget_seconds)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run: its checked request, models and prompts, what it shares with other runs, and when it must end."""
+
+    request: RunRequest
+    target: LoadedModel
+    draft: LoadedModel | None
+    prompts: list[list[int]]  # token ids, chat template applied
+    schedulers: Schedulers  # where its rows join other runs' batches
+    deadline: float  # time.monotonic() at which the run's time budget ends, comparisons included
+    stop: threading.Event  # set when the page cancels the run (Stop, a closed tab)
+    budget_seconds: float = RUN_TIME_BUDGET_SECONDS  # what the deadline allowed, for the page to say
+
+    def submit(self, model: LoadedModel, rows: list[DecodeRequest]) -> RowStream:
+        """Rows decoded by `model`, beside other runs' rows: the target with this run's drafter (its rows may draft
+        nothing, to compare), or the draft model alone."""
+        if model is self.target:
+            scheduler = self.schedulers.get(model, self.draft, self.request.pair.drafter, self.request.drafter_options)
+        else:  # the draft model alone: its rows draft nothing, so any model-free kind's scheduler serves
+            scheduler = self.schedulers.get(model, None, NGRAM)
+        return scheduler.submit(rows, self.deadline, self.stop)
+
+
+def read_values(names: list[str], values: tuple) -> tuple[dict, gr.Progress]:
+    """A handler's positional values (the prompt first, then the settings, then Gradio's progress) by name."""
+    named = dict(zip(names, values[: len(names)], strict=True))
+    return named, values[len(names)] if len(values) > len(names) else gr.Progress()
+
+
+def check_values(names: list[str], parse: Callable[[dict], object]) -> Callable[..., None]:
+    """An event that checks the form's values before anything runs: a refusal is one sentence and the last run's
+    output stays on the page."""
+
+    def check(*values: object) -> None:
+        try:
+            parse(dict(zip(names, values, strict=True)))
+        except ValueError as error:
+            raise user_error(str(error)) from error
+
+    return check
+
+
+def trace_record(
+    request: RunRequest, target: LoadedModel, prompt_ids: list[int], rounds: list[Round], baseline
+) -> dict:
+    """The run as the downloaded JSON: settings, tokens, every round and the figures; the seed reproduces it."""
+    generated = [token for round_ in rounds for token in round_.emitted_token_ids]
+    return {
+        "pair": asdict(request.pair),
+        "sampling": asdict(request.sampling),
+        "speculative": asdict(request.speculative),
+        "drafter_options": None if request.drafter_options is None else asdict(request.drafter_options),
+        "chat_template": request.chat,
+        "device": target.description,
+        "dtype_reason": request.dtype_reason,
+        "prompt": request.prompt,
+        "prompt_token_ids": prompt_ids,
+        "generated_token_ids": generated,
+        "text": target.tokenizer.decode(generated, skip_special_tokens=True),
+        "rounds": [round_record(round_) for round_ in rounds],
+        "stats": run_stats(rounds).as_dict(),
+        "baseline_stats": run_stats(baseline).as_dict() if baseline else None,
+    }
+
+
+def decode_fn(loaded: LoadedModel) -> Callable[[list[int]], str]:
+    return lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def in_progress(summary: str, what: str) -> str:
+    """A streamed summary says it is not the last, so a client whose stream was cut short can tell."""
+    return f"{summary}\n\n*{what}{IN_PROGRESS_END}"
+
+
+def stopped_summary(summary: str) -> str:
+    """The summary once Stop is pressed: a run still in progress says that it was stopped, and what that leaves
+    out; a finished run's summary stays as it is."""
+    if not summary.endswith(IN_PROGRESS_END):
+        return summary
+    return (
+        summary[: summary.rindex("\n\n*")]
+        + "\n\n**Stopped: you pressed Stop.** The figures above cover the rounds decoded until then; the rest of the "
+        "run and the comparison with the target alone did not run."
+    )
+
+
+def sweep_caption(sweep: dict | None, chart: str = "batch") -> str:
+    if sweep is None:
+        return "No measured sweep here: run `python -m specdemo bench --batch-sizes 1,2,4,8 --num-candidates 1,2,4`."
+    return (
+        f"Measured{' on ' + sweep['date'] if 'date' in sweep else ''} with `bench --batch-sizes` on "
+        f"{sweep.get('model', 'this machine')}: {sweep['pair']}, greedy, "
+        f"{sweep['max_new_tokens']} new tokens, the same {sweep['rows'][0]['num_prompts']} prompts at every B. "
+        + SWEEP_LESSONS[chart]
+    )
