@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -136,14 +136,16 @@ def settings(prompt: str = SPELLING, **changes) -> dict:
     return {"prompt": prompt, **defaults(max_new_tokens=40, dtype="float32"), **changes}
 
 
-def count_rounds(monkeypatch) -> dict[str, int]:
-    """Count the rows' rounds the app's engine produces (BatchDecoder.step wrapped), to see when it stops."""
+def count_rounds(monkeypatch, which: Callable[[BatchDecoder], bool] = lambda decoder: True) -> dict[str, int]:
+    """Count the rows' rounds the app's engine produces (BatchDecoder.step wrapped), of the decoders `which` picks,
+    to see when they stop."""
     counter = {"rounds": 0}
     original = BatchDecoder.step
 
     def counting(decoder):
         outcomes = original(decoder)
-        counter["rounds"] += len(outcomes)
+        if which(decoder):
+            counter["rounds"] += len(outcomes)
         return outcomes
 
     monkeypatch.setattr(BatchDecoder, "step", counting)

@@ -15,7 +15,7 @@ import torch
 from specdemo.app.form import RUN_FIELDS, Field, by_name, signature, whole
 from specdemo.app.messages import user_error
 from specdemo.app.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
-from specdemo.app.runs import Server, check_values, decode_fn
+from specdemo.app.runs import Server, check_values, decode_fn, read_values
 from specdemo.app.serving import stoppable, wait_until
 from specdemo.audit import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
 from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt
@@ -278,8 +278,7 @@ def audit_steps(server: Server, *values: object, stop: threading.Event) -> Itera
     weights (`preset` names the defaults); mode "model": M = `num_samples` (100 to 5,000: pass it) samples of the
     first `num_tokens` tokens of `prompt`, speculative against the target alone. `bug` plants one of the broken
     samplers. Returns the verdict sentence, two charts and the audit as JSON."""
-    named = dict(zip(NAMES, values, strict=False))
-    progress = values[len(NAMES)] if len(values) > len(NAMES) else gr.Progress()
+    named, progress = read_values(NAMES, values)
     try:
         request = parse_audit(named)
     except ValueError as error:

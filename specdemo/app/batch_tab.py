@@ -12,7 +12,7 @@ from functools import partial
 
 import gradio as gr
 
-from specdemo.app.form import RUN_FIELDS, parse_request, signature
+from specdemo.app.form import RUN_FIELDS, names, parse_request, signature
 from specdemo.app.messages import user_error
 from specdemo.app.one_prompt import CHART_INTERVAL_SECONDS
 from specdemo.app.plots import batch_sweep_figure, candidates_sweep_figure
@@ -23,6 +23,7 @@ from specdemo.app.runs import (
     decode_fn,
     in_progress,
     on_gpu,
+    read_values,
     stopped_summary,
     sweep_caption,
 )
@@ -41,7 +42,6 @@ BATCH_EXAMPLE = "\n".join(
     ]
 )
 PROMPTS = inspect.Parameter("prompts", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str | list[str])
-NAMES = ["prompts", *(spec.name for spec in RUN_FIELDS)]
 
 
 def build_tab(server: Server, settings: dict[str, gr.components.Component], css: str) -> None:
@@ -89,8 +89,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], css:
 def batch_steps(server: Server, *values: object, stop: threading.Event) -> Iterator[tuple]:
     """Up to 8 `prompts` (a list, or one per line) decoded as rows of one batch, prompt i with seed + i; the other
     parameters as for /generate (`compare` is ignored). Returns one result per prompt."""
-    named = dict(zip(NAMES, values, strict=False))
-    progress = values[len(NAMES)] if len(values) > len(NAMES) else gr.Progress()
+    named, progress = read_values(["prompts", *names()], values)
     try:
         texts = batch_prompts(named.pop("prompts"))
         parse_request(texts[0], named)  # every setting checked before any model loads

@@ -182,6 +182,11 @@ def by_name(fields: Sequence[Field], name: str) -> Field:
     return next(spec for spec in fields if spec.name == name)
 
 
+def names(fields: Sequence[Field] = RUN_FIELDS) -> list[str]:
+    """The settings' names in the table's order: the handlers' positional values after the prompt."""
+    return [spec.name for spec in fields]
+
+
 def defaults(fields: Sequence[Field] = RUN_FIELDS, **changes: Any) -> dict[str, Any]:
     """The settings by name at their defaults (a user's starting point), with `changes`."""
     return {spec.name: spec.default for spec in fields} | changes

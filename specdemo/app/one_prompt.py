@@ -13,7 +13,7 @@ from functools import partial
 import gradio as gr
 import torch
 
-from specdemo.app.form import RUN_FIELDS, UI_MAX_NEW_TOKENS, parse_request, signature
+from specdemo.app.form import RUN_FIELDS, UI_MAX_NEW_TOKENS, names, parse_request, signature
 from specdemo.app.messages import user_error
 from specdemo.app.plots import (
     acceptance_figure,
@@ -48,6 +48,7 @@ from specdemo.app.runs import (
     decode_fn,
     in_progress,
     on_gpu,
+    read_values,
     stopped_summary,
     sweep_caption,
     trace_record,
@@ -90,7 +91,6 @@ EXAMPLES = [
     ["Write a short story about a lighthouse keeper who finds a message in a bottle.", "smollm2-135m-self", 0.0],
     ["Explain why the sky is blue to a ten-year-old.", "smollm2-135m-self", 0.7],
 ]
-NAMES = ["prompt", *(spec.name for spec in RUN_FIELDS)]
 PROMPT = inspect.Parameter("prompt", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
 
 
@@ -129,7 +129,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> N
     handler = stoppable(
         on_gpu(partial(run_steps, server)), signature([PROMPT], RUN_FIELDS), "generate", run_steps.__doc__
     )
-    check = check_values(NAMES, lambda values: parse_request(values.pop("prompt"), values))
+    check = check_values(["prompt", *names()], check_run)
     # preprocess=False: the handler checks the raw values itself, so every refusal names its setting (Gradio's own
     # range check says only "Value -1.0 is less than minimum value 0."). The check comes first, in an event with no
     # outputs, so a refusal is a message and the last run's tokens and charts stay; /generate checks again.
@@ -153,13 +153,17 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> N
     )
 
 
+def check_run(values: dict) -> None:
+    """What the page checks before a run: the prompt and every setting, read as /generate reads them."""
+    parse_request(values.pop("prompt"), values)
+
+
 def run_steps(server: Server, *values: object, stop: threading.Event) -> Iterator[tuple]:
     """The steps of /generate: speculative decoding of `prompt` with the draft/target `pair` and W = `num_candidates`
     drafts per round, in the number format `dtype` (auto, float32 or bfloat16), streamed; then, with `compare`, the
     target (and draft model) alone. Each parameter but `prompt` defaults to the form's value. Runs that arrive together
     share the model's passes."""
-    named = dict(zip(NAMES, values, strict=False))
-    progress = values[len(NAMES)] if len(values) > len(NAMES) else gr.Progress()
+    named, progress = read_values(["prompt", *names()], values)
     try:
         run = server.prepare([named.pop("prompt")], named, progress, stop)
     except ValueError as error:

@@ -127,7 +127,7 @@ class Run:
 def read_values(names: list[str], values: tuple) -> tuple[dict, gr.Progress]:
     """A handler's positional values (the prompt first, then the settings, then Gradio's progress) by name."""
     named = dict(zip(names, values[: len(names)], strict=True))
-    return named, values[len(names)] if len(values) > len(names) else gr.Progress()
+    return named, values[len(names)] if len(values) > len(names) else gr.Progress()  # type: ignore[return-value]
 
 
 def check_values(names: list[str], parse: Callable[[dict], object]) -> Callable[..., None]:

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import gradio as gr
 import httpx
@@ -20,7 +21,7 @@ import specdemo.app.one_prompt as one_prompt
 from specdemo.app import batch_tab, page
 from specdemo.app.form import parse_request
 from specdemo.app.runs import Run, Server
-from specdemo.app.serving import Downloads
+from specdemo.app.serving import MAX_DOWNLOADS, Downloads
 from specdemo.cli.main import main
 from specdemo.core.stats import emitted_ids
 from specdemo.engine.decoding import autoregressive_generate
@@ -315,3 +316,19 @@ def test_the_queue_looks_for_events_every_20_ms_not_every_1():
     page.calm_queue_polling(demo)
     for name, seconds in page.QUEUE_POLL_SECONDS.items():
         assert getattr(demo._queue, name) == seconds, name
+
+
+def test_fifty_runs_leave_a_bounded_folder_of_downloads(client, app_server):
+    """Every trace and audit file lives in one folder of Gradio's cache, which keeps the newest MAX_DOWNLOADS: a Space
+    that runs for weeks does not fill its disk. Before, each run left a file in /tmp for good."""
+    folder = app_server.downloads.folder
+    paths = []
+    for seed in range(50):
+        final = client.predict(
+            prompt=f"Count to {seed}.", max_new_tokens=2, compare=False, seed=seed, api_name="/generate"
+        )
+        paths.append(final[6]["value"])
+    files = list(folder.glob("*.json"))
+    assert len(files) == MAX_DOWNLOADS, len(files)
+    assert Path(paths[-1]).name in {file.name for file in files}  # the newest is kept, and served from there
+    assert json.loads(Path(paths[-1]).read_text())["prompt"] == "Count to 49."

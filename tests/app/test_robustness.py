@@ -21,9 +21,21 @@ import specdemo.app.one_prompt as one_prompt
 import specdemo.engine.decoding
 from specdemo.app.form import parse_request
 from specdemo.app.runs import Run
+from specdemo.audit import MODEL_BATCH_ROWS
+from specdemo.drafters import SuffixDrafter
 from specdemo.engine.scheduler import IDLE_RELEASE_SECONDS, Schedulers
 from specdemo.models.loading import chat_prompt_ids
-from tests.helpers import SPELLING, assert_equal_or_near_tie, launched_app, settings, trace_of
+from tests.helpers import (
+    SPELLING,
+    STORY,
+    assert_engine_stops_within_a_second,
+    assert_equal_or_near_tie,
+    count_rounds,
+    launched_app,
+    settings,
+    trace_of,
+    wait_for_rounds,
+)
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 PROMPTS = (SPELLING, "Write a short poem about the sea.")
@@ -323,3 +335,30 @@ def test_a_full_queue_answers_at_once_instead_of_hanging(offline_model, monkeypa
         assert time.perf_counter() - started < 5
         running.cancel()
         waiting.cancel()
+
+
+def test_stop_ends_a_run_and_an_audit_within_a_second_while_others_load_the_app(app, client, monkeypatch):
+    """Four clients keep the app busy; a run with the suffix pair (a scheduler of its own, so its rounds are counted
+    apart) and a model audit are cancelled, and each stops decoding within a second. Before, Gradio could close a
+    cancelled handler only between two of its steps, and on a busy app a cancelled audit decoded on for seconds."""
+    suffix = count_rounds(monkeypatch, lambda decoder: isinstance(decoder.drafter, SuffixDrafter))
+    load = [
+        Client(app, verbose=False).submit(
+            **settings(STORY, seed=i, max_new_tokens=400, compare=False), api_name="/generate"
+        )
+        for i in range(4)
+    ]
+    try:
+        job = client.submit(**settings(STORY, pair="smollm2-135m-suffix", max_new_tokens=400), api_name="/generate")
+        wait_for_rounds(suffix, 3)
+        job.cancel()
+        assert_engine_stops_within_a_second(suffix, 400)
+        monkeypatch.undo()
+        audit = count_rounds(monkeypatch, lambda decoder: decoder.costs is None)  # a scheduler's decoders have costs
+        job = client.submit(mode="model", num_samples=5_000, api_name="/audit")
+        wait_for_rounds(audit, 3 * MODEL_BATCH_ROWS)
+        job.cancel()
+        assert_engine_stops_within_a_second(audit, 4 * 5_000)
+    finally:
+        for job in load:
+            job.cancel()
