@@ -1,0 +1,40 @@
+"""The layers hold (import-linter reads the contracts in pyproject.toml), and the check fails when a core module imports
+from the app: planted in a copy of the package."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_every_layer_imports_only_from_the_layers_below_it():
+    checked = lint_imports(ROOT)
+    assert checked.returncode == 0, checked.stdout[-3000:]
+    assert "Contracts: 2 kept, 0 broken." in checked.stdout
+
+
+def test_a_core_module_that_imports_the_app_breaks_the_contract(tmp_path):
+    shutil.copytree(ROOT / "specdemo", tmp_path / "specdemo", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    sampling = tmp_path / "specdemo" / "core" / "sampling.py"
+    sampling.write_text(sampling.read_text() + "\nfrom specdemo.app.render import token_text  # planted\n")
+    checked = lint_imports(tmp_path)
+    assert checked.returncode != 0
+    assert "specdemo.core.sampling -> specdemo.app.render" in checked.stdout, checked.stdout[-3000:]
+    assert "Each layer imports only from the layers below it BROKEN" in checked.stdout
