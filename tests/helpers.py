@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 import specdemo.app.page as page
 from specdemo.app.form import defaults
@@ -184,3 +186,26 @@ def launched_app(loaded: LoadedModel, **build_options) -> Iterator[tuple[str, ob
         yield url, demo.specdemo_server
     finally:
         demo.close()
+
+
+def save_tiny_model(directory: Path, tokenizer, seed: int) -> Path:
+    """A tiny random Llama saved like a Hub repository, with `tokenizer`."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    backend = Tokenizer(models.WordLevel({word: index for index, word in enumerate(words)}, unk_token=words[0]))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=words[0], eos_token=words[1])

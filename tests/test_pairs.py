@@ -6,12 +6,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specdemo.cli.main import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
@@ -21,6 +18,7 @@ from specdemo.models.loading import chat_prompt_ids, check_model_name, load_mode
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, custom_pair, find_pair, load_pair, make_drafter
+from tests.helpers import save_tiny_model, word_tokenizer
 
 
 def test_registry_is_well_formed():
@@ -88,29 +86,6 @@ def test_local_directories_only_when_allowed(tmp_path):
     with pytest.raises(ValueError, match="looks like a file path"):
         check_model_name(str(tmp_path), allow_local=False)
     check_model_name(str(tmp_path), allow_local=True)
-
-
-def save_tiny_model(directory: Path, tokenizer, seed: int) -> Path:
-    """A tiny random Llama saved like a Hub repository, with `tokenizer`."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.WordLevel({word: index for index, word in enumerate(words)}, unk_token=words[0]))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=words[0], eos_token=words[1])
 
 
 def test_tokenizer_check_accepts_a_shared_vocabulary_and_refuses_another(tmp_path):

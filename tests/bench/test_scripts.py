@@ -1,0 +1,56 @@
+"""Every analysis script in benchmarks/ runs, on a tiny model saved like a Hub repository: the figures published from
+them come from code that a test runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import save_tiny_model, word_tokenizer
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks"
+WORDS = ["<unk>", "</s>", "copy", "this", "list", "apples", "bread", "milk", "and", "then", "write", "a", "poem"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("tiny")
+    model = save_tiny_model(folder / "model", word_tokenizer(WORDS), seed=0)
+    prompts = folder / "prompts.jsonl"
+    lines = [
+        {"name": "copy", "grounded": True, "text": "copy this list apples bread milk and then apples bread milk"},
+        {"name": "poem", "grounded": False, "text": "write a poem"},
+    ]
+    prompts.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return model, prompts
+
+
+def run_script(name: str, argv: list[str]) -> object:
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        return module.main(argv)
+    finally:
+        sys.modules.pop("common", None)
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("headroom", ["--max-new-tokens", "6", "--num-draft-tokens", "4"]),
+        ("phases", ["--widths", "1", "3", "--rounds", "3"]),
+        ("static", ["--rows", "2", "--max-new-tokens", "4", "--repeats", "1"]),
+        ("overhead", ["--max-new-tokens", "4"]),
+        ("invariance", ["--max-new-tokens", "4"]),
+    ],
+)
+def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
+    model, prompts = tiny
+    prompt_flags = [] if name == "phases" else ["--prompts", str(prompts)]
+    assert run_script(name, ["--model", str(model), "--dtype", "float32", *prompt_flags, *options])
+    assert capsys.readouterr().out.strip()
