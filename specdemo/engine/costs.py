@@ -1,11 +1,10 @@
-"""What a round costs on this device: an engine round over n target tokens, measured once per model object (which
-the model cache keeps once per name, number format and device)."""
+"""What a round costs on this device: an engine round over n target tokens, measured once per model, number format and
+device (a model loaded again, in a format asked for again, is not measured again)."""
 
 from __future__ import annotations
 
 import statistics
 import time
-import weakref
 from collections.abc import Hashable
 
 import torch
@@ -70,37 +69,43 @@ class _RandomDrafter:
         pass
 
 
-_MEASURED: weakref.WeakKeyDictionary[PreTrainedModel, PassCosts] = weakref.WeakKeyDictionary()
-_SHARED: weakref.WeakKeyDictionary[PreTrainedModel, BatchCosts] = weakref.WeakKeyDictionary()
+_MEASURED: dict[tuple, PassCosts] = {}
+_SHARED: dict[tuple, BatchCosts] = {}
+
+
+def _key(model: PreTrainedModel) -> tuple:
+    """What a round's cost depends on: the architecture and size, the number format and the device."""
+    config = model.config
+    return (config.name_or_path, config.model_type, model.num_parameters(), str(model.dtype), str(model.device))
 SHARED_WIDTHS = (1, 2, 3, 4, 6, 8, 12, MAX_NUM_DRAFT_TOKENS + 1)  # tokens per row of a shared pass; others interpolated
 SHARED_CONTEXT_TOKENS = 256  # each row's context: a chat prompt and its first hundred-odd tokens of output
 
 
 def measured(model: PreTrainedModel) -> PassCosts | None:
-    return _MEASURED.get(model)
+    return _MEASURED.get(_key(model))
 
 
 def pass_costs(model: PreTrainedModel, max_tokens: int) -> PassCosts:
     """This model's pass costs up to max_tokens (measured on first use, a few seconds for a small model; kept per
     model object, which the model cache holds once per name, number format and device; measured again only when
     a larger pass is needed)."""
-    known = _MEASURED.get(model)
+    known = _MEASURED.get(_key(model))
     largest = next((size for size in MEASURED_SIZES if size >= max_tokens), MEASURED_SIZES[-1])
     if known is None or known.sizes[-1] < largest:
         sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
-        known = _MEASURED[model] = PassCosts.from_seconds(measure_pass_seconds(model, sizes))
+        known = _MEASURED[_key(model)] = PassCosts.from_seconds(measure_pass_seconds(model, sizes))
     return known
 
 
 def shared_costs(model: PreTrainedModel) -> BatchCosts | None:
-    return _SHARED.get(model)
+    return _SHARED.get(_key(model))
 
 
 def batch_costs(model: PreTrainedModel, full_rows: int) -> BatchCosts:
     """This model's shared-round costs with one row and with full_rows rows, each on a context of its own (measured
-    on first use, about ten seconds for the offline default on 2 CPU cores; kept per model object)."""
-    known = _SHARED.get(model)
+    on first use, about ten seconds for the offline default on 2 CPU cores; kept per model and format)."""
+    known = _SHARED.get(_key(model))
     if known is None or known.full_rows != full_rows:
         seconds = measure_round_seconds(model, SHARED_WIDTHS, SHARED_CONTEXT_TOKENS, 3, rows=(1, full_rows))
-        known = _SHARED[model] = BatchCosts.from_seconds(seconds[1], seconds[full_rows], full_rows)
+        known = _SHARED[_key(model)] = BatchCosts.from_seconds(seconds[1], seconds[full_rows], full_rows)
     return known
