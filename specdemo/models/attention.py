@@ -23,8 +23,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "specdemo-tree"  # the attention implementation a TreeCachedModel's model runs with
-MIN_GEMM_ROWS = {torch.bfloat16: 2, torch.float16: 2}  # fewer rows take another kernel; float32 needs 4, and padding
-# one-row passes to 4 cost 1.5 times a plain step here, so float32 passes are not padded (docs/serving.md)
+MIN_GEMM_ROWS = {torch.bfloat16: 2, torch.float16: 2}  # fewer rows take another kernel; float32 would need 4, and a
+# four-token float32 pass costs 1.45 one-token steps here (bench --pass-costs), so float32 is not padded
 QUERY_CHUNK = 512  # stacked query rows attended at once, so a long prompt's scores stay tens of megabytes
 
 
@@ -82,13 +82,12 @@ def _attend(
 ) -> torch.Tensor:  # [B, Hkv, r, d]
     """The eager attention of transformers' models: scores in the model's format, softmax in float32 (float64 for a
     float64 model)."""
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [B, Hkv, r, W]
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)  # [B, Hkv, r, W]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1).to(query.dtype)
-    return torch.matmul(probs, value)
+    scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    return torch.matmul(probs.to(query.dtype), value)
 
 
 def _chunks(rows: int, min_rows: int) -> list[slice]:
