@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-local.txt | cksum | cut -d' ' -f1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install chromium demo test test-gpu lint bench
+.PHONY: install chromium demo test test-fast test-gpu lint bench
 
 $(STAMP): requirements.txt requirements-local.txt
 	python3 -m venv $(VENV)
@@ -28,9 +28,14 @@ demo: install
 
 lint: install
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test: lint chromium
 	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest
+
+# The core, the drafters, the engine and the KV cache on tiny random models: no real model, no app, under a minute.
+test-fast: install
+	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest -m "not slow" tests/core tests/drafters tests/engine tests/models
 
 # The GPU checks (tests/test_gpu.py); without CUDA they skip, and -rs prints why.
 # SPECDEMO_GPU_TEST_DEVICE=cpu make test-gpu runs the same file on the CPU as a dry run.

@@ -27,15 +27,10 @@ from specdemo.app.render import (
     CANDIDATES_CSS,
     LANES_CSS,
     TOKEN_CSS,
-    Divergence,
     alone_html,
     candidates_html,
-    cut_note,
-    first_difference,
     html_spans,
     round_spans,
-    sharing_note,
-    summary_markdown,
     token_text,
 )
 from specdemo.app.runs import (
@@ -54,6 +49,7 @@ from specdemo.app.runs import (
     trace_record,
 )
 from specdemo.app.serving import stoppable
+from specdemo.app.summary import Divergence, cut_note, first_difference, sharing_note, summary_markdown
 from specdemo.config import MAX_NUM_DRAFT_TOKENS, MAX_PROMPT_CHARACTERS, MAX_PROMPT_TOKENS, SpeculativeConfig
 from specdemo.core.rounds import Round
 from specdemo.core.sampling import penalised_scores

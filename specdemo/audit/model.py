@@ -57,27 +57,53 @@ def model_audit(
     samples: list[Counter] = []
     for side, (drafter_used, verify) in enumerate(((drafter, verifier(bug)), (NoDrafter(), verify_rows))):
         decoder = BatchDecoder(target, drafter_used, eos_token_ids, verify)  # type: ignore[arg-type]
-        tokens: list[list[int]] = [[] for _ in range(num_samples)]
-        waiting, finished = list(range(num_samples)), 0
-        while waiting or decoder.rows:
-            while waiting and len(decoder.rows) < MODEL_BATCH_ROWS:
-                index = waiting.pop(0)
-                row_sampling = replace(sampling, seed=sampling.seed + side * num_samples + index)
-                decoder.add(index, list(prompt_ids), row_sampling, speculative)
-            if should_stop():
-                raise InterruptedError("The audit was stopped before it drew all its samples.")
-            with lock or nullcontext():
-                outcomes = decoder.step()
-            for index, outcome in outcomes:
-                if isinstance(outcome, Exception):
-                    raise outcome
-                tokens[index] += outcome.emitted_token_ids
-                if index in decoder.rows and (len(tokens[index]) >= num_tokens or tokens[index][-1] in eos_token_ids):
-                    decoder.remove(index)  # it has what the audit keeps
-                if index not in decoder.rows:
-                    finished += 1
-                    on_progress((side * num_samples + finished) / (2 * num_samples))
-        samples.append(Counter(tuple(t[:num_tokens]) for t in tokens))
+        seeds = [sampling.seed + side * num_samples + i for i in range(num_samples)]
+
+        def report(finished: int, side: int = side) -> None:
+            on_progress((side * num_samples + finished) / (2 * num_samples))
+
+        firsts = _draw(decoder, prompt_ids, sampling, speculative, seeds, num_tokens, report, should_stop, lock)
+        samples.append(Counter(firsts))
+    return _compare(samples, num_samples, num_tokens)
+
+
+def _draw(
+    decoder: BatchDecoder,
+    prompt_ids: Sequence[int],
+    sampling: SamplingConfig,
+    speculative: SpeculativeConfig,
+    seeds: list[int],
+    num_tokens: int,
+    report: Callable[[int], None],
+    should_stop: Callable[[], bool],
+    lock: AbstractContextManager | None,
+) -> list[tuple[int, ...]]:
+    """One side's samples: each seed's first `num_tokens` tokens, MODEL_BATCH_ROWS rows at a time."""
+    tokens: list[list[int]] = [[] for _ in seeds]
+    waiting, finished = list(range(len(seeds))), 0
+    while waiting or decoder.rows:
+        while waiting and len(decoder.rows) < MODEL_BATCH_ROWS:
+            index = waiting.pop(0)
+            decoder.add(index, list(prompt_ids), replace(sampling, seed=seeds[index]), speculative)
+        if should_stop():
+            raise InterruptedError("The audit was stopped before it drew all its samples.")
+        with lock or nullcontext():
+            outcomes = decoder.step()
+        for index, outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
+            tokens[index] += outcome.emitted_token_ids
+            done = len(tokens[index]) >= num_tokens or tokens[index][-1] in decoder.eos_token_ids
+            if index in decoder.rows and done:
+                decoder.remove(index)  # it has what the audit keeps
+            if index not in decoder.rows:
+                finished += 1
+                report(finished)
+    return [tuple(t[:num_tokens]) for t in tokens]
+
+
+def _compare(samples: list[Counter], num_samples: int, num_tokens: int) -> ModelAudit:
+    """The two samples' sequences, a two-sample chi-square test, and their TV against the noise band."""
     sequences = sorted(set(samples[0]) | set(samples[1]), key=lambda s: -(samples[0][s] + samples[1][s]))
     first = torch.tensor([samples[0][s] for s in sequences], dtype=torch.float64)
     second = torch.tensor([samples[1][s] for s in sequences], dtype=torch.float64)

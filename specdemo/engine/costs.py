@@ -77,6 +77,8 @@ def _key(model: PreTrainedModel) -> tuple:
     """What a round's cost depends on: the architecture and size, the number format and the device."""
     config = model.config
     return (config.name_or_path, config.model_type, model.num_parameters(), str(model.dtype), str(model.device))
+
+
 SHARED_WIDTHS = (1, 2, 3, 4, 6, 8, 12, MAX_NUM_DRAFT_TOKENS + 1)  # tokens per row of a shared pass; others interpolated
 SHARED_CONTEXT_TOKENS = 256  # each row's context: a chat prompt and its first hundred-odd tokens of output
 

@@ -4,19 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specdemo.app.render import (
-    ANSI_STYLES,
-    MAX_CANDIDATE_ROUNDS,
-    Divergence,
-    ansi_text,
-    candidates_html,
-    first_difference,
-    greedy_check,
-    html_spans,
-    sharing_note,
-    summary_markdown,
-    token_spans,
-)
+from specdemo.app.render import ANSI_STYLES, MAX_CANDIDATE_ROUNDS, ansi_text, candidates_html, html_spans, token_spans
+from specdemo.app.summary import Divergence, first_difference, greedy_check, sharing_note, summary_markdown
 from specdemo.core.rounds import CandidateTrace
 from specdemo.core.stats import Comparison, compare_runs, run_stats
 from tests.helpers import make_round

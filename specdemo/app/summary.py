@@ -1,0 +1,221 @@
+"""Pure: the run's summary in Markdown, the speedup explained with measured parts only, and the notes on shared
+passes and cut drafts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specdemo.core.rounds import Round
+from specdemo.core.stats import Comparison, RunStats
+
+
+def _row(label: str, stats: RunStats) -> str:
+    return (
+        f"| {label} | {stats.num_generated} | {stats.wall_seconds:.2f} | {stats.tokens_per_second:.1f} | "
+        f"{stats.num_target_forwards} |"
+    )
+
+
+LARGE_PREDICTION_ERROR = 0.10  # beyond this the summary says why Leviathan's prediction missed
+
+
+def alpha_line(spec: RunStats) -> str:
+    """α (tested drafts), vLLM's acceptance rate (all drafts), α by position, and the rounds that proposed nothing."""
+    by_position = " · ".join(f"{alpha:.2f}" for alpha in spec.alpha_by_position) or "none tested"
+    if spec.tested_by_position:
+        by_position += f" (tested {' · '.join(str(n) for n in spec.tested_by_position)} times)"
+    return (
+        f"**α = {spec.alpha:.2f}**: {spec.num_accepted} of {spec.num_tested} tested drafts accepted "
+        f"(acceptance rate, accepted ÷ all {spec.num_drafted} drafted: {spec.acceptance_rate:.2f}) · α by draft "
+        f"position: {by_position} · {spec.mean_tokens_per_round:.2f} tokens per target pass · "
+        f"{spec.no_proposal_share:.0%} of rounds proposed nothing · {spec.overhead_fraction:.1%} of the time outside "
+        "model passes"
+    )
+
+
+def why_prediction_missed(spec: RunStats, comparison: Comparison) -> str:
+    """One sentence on why the independence model is off, read from the per-position α curve."""
+    alphas = [a for a, n in zip(spec.alpha_by_position, spec.tested_by_position, strict=True) if n]
+    direction = "under" if comparison.prediction_error < 0 else "over"
+    if len(alphas) >= 2 and alphas[-1] - alphas[0] > 0.1:
+        return (
+            f"acceptance is not independent: α rises from {alphas[0]:.2f} at position 1 to {alphas[-1]:.2f} at "
+            f"position {len(alphas)}, because a draft that starts matching (a copied passage) tends to go on, so "
+            f"the model {direction}-predicts."
+        )
+    if len(alphas) >= 2 and alphas[0] - alphas[-1] > 0.1:
+        return (
+            f"α falls from {alphas[0]:.2f} at position 1 to {alphas[-1]:.2f} at position {len(alphas)}: later "
+            f"drafts stray further from the target, so the model {direction}-predicts."
+        )
+    return (
+        f"α varies from round to round (passages the drafter gets right, others it does not), and one average α "
+        f"hides that, so the model {direction}-predicts."
+    )
+
+
+def explanation(spec: RunStats, c: Comparison, num_draft_tokens: int) -> list[str]:
+    """The speedup as measured parts, Leviathan's prediction beside it, and the best number of drafts."""
+    rounds = dict(c.verify_rounds_by_k)
+    costs = (
+        ", ".join(f"v({k}) = {v:.2f} ({rounds[k]} round{'s' * (rounds[k] != 1)})" for k, v in c.verify_cost_by_k)
+        or "no drafts were verified"
+    )
+    lines = [
+        (
+            f"**Speedup {c.speedup:.2f}×** = {c.tokens_per_pass:.2f} tokens per target pass ÷ {c.round_cost:.2f} "
+            f"target steps per round (draft {c.draft_cost:.2f} + verify {c.verify_cost:.2f} + other "
+            f"{c.other_cost:.2f}; a target step is the target alone's time per token). A pass over k drafts costs "
+            f"v(k) one-token steps: {costs}."
+        ),
+        "",
+        (
+            f"**Leviathan's prediction**, each draft accepted independently with α = {spec.alpha:.2f}, for the "
+            f"proposal lengths that occurred: {c.predicted_tokens_per_pass:.2f} tokens per pass, so "
+            f"{c.predicted_speedup:.2f}× ({c.prediction_error:+.0%} against the measurement)."
+        ),
+    ]
+    if abs(c.prediction_error) > LARGE_PREDICTION_ERROR:
+        lines[-1] += " It misses because " + why_prediction_missed(spec, c)
+    lines += [
+        "",
+        (
+            f"**Best γ** for the measured α curve and costs: {c.best_num_draft_tokens} (about {c.best_speedup:.2f}×; "
+            f"this run used {num_draft_tokens})."
+        ),
+    ]
+    return lines
+
+
+NEAR_TIE_LOGIT_GAPS = {  # top-2 logit gaps that rounding can flip between pass shapes, by number format
+    "float32": 1e-2,  # float32 differences between pass shapes stay under 1e-3 in the tests (tests/conftest.py)
+    "bfloat16": 0.5,  # bfloat16 keeps 8 significant bits: logits between 16 and 32 move in steps of 0.125
+}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where greedy speculative and target-only tokens first differ, and how close the target's top two were there."""
+
+    position: int  # the first differing generated token, counted from 1
+    speculative_text: str  # the token the speculative run emitted there
+    target_text: str  # the token the target alone emitted there
+    top2_logit_gap: float  # the target's best logit minus its second best, in one pass over the shared prefix
+    top2_probs: tuple[float, float]  # the same two as probabilities
+    dtype: str  # the number format the target ran in
+
+
+def first_difference(speculative_ids: Sequence[int], target_ids: Sequence[int]) -> int | None:
+    """The index of the first token where two runs differ; None where they agree as far as both go."""
+    return next((i for i, (a, b) in enumerate(zip(speculative_ids, target_ids, strict=False)) if a != b), None)
+
+
+def greedy_check(identical: bool, divergence: Divergence | None) -> str:
+    """The greedy identity check: identical, or where the texts part and how near the target's top two were."""
+    if identical:
+        return "Greedy check: the two texts are **identical**, token for token."
+    if divergence is None:
+        return "Greedy check: the two texts **differ** (near-ties in the target's logits can flip an argmax)."
+    d = divergence
+    where = (
+        f"Greedy check: the two texts **differ** from generated token {d.position} on ({d.speculative_text!r} "
+        f"speculative, {d.target_text!r} target alone), where the target's top two logits are {d.top2_logit_gap:.3g} "
+        f"apart ({d.top2_probs[0]:.1%} against {d.top2_probs[1]:.1%})"
+    )
+    if d.top2_logit_gap <= NEAR_TIE_LOGIT_GAPS.get(d.dtype, 0.0):
+        return (
+            f"{where}: in {d.dtype}, a K+1-token verification pass and one-token steps round differently, and at "
+            "such a near-tie that can flip the argmax."
+        )
+    return f"{where}: too wide a gap for rounding to flip, so this is worth reporting, with the trace."
+
+
+def plan_line(planned: float, comparison: Comparison | None) -> str:
+    """What a cost-aware drafter expected of the run, against what was measured when the target alone ran too."""
+    line = (
+        "**Cost-aware drafting**: each round drafted only as much as this machine's measured pass costs say pays, "
+        f"and nothing when drafting was expected to lose (hover a token for its round's choice). The plans expected "
+        f"{planned:.2f}× the target alone, the prompt's pass counted as measured (both runs read it)"
+    )
+    if comparison is None:
+        return line + "."
+    return line + f"; measured {comparison.speedup:.2f}× (the plans {planned / comparison.speedup - 1:+.0%})."
+
+
+def summary_markdown(
+    spec: RunStats,
+    num_draft_tokens: int,
+    baseline: RunStats | None = None,
+    comparison: Comparison | None = None,
+    draft_alone: RunStats | None = None,
+    greedy: bool = False,
+    number_format: str | None = None,
+    divergence: Divergence | None = None,
+) -> str:
+    """The run in numbers and its number format (e.g. "float32 (auto: this CPU has no native bfloat16)"); with a
+    baseline, the speedup explained, the prediction beside it and an honest reading, and for greedy runs whether the
+    texts are identical (else where they part: `divergence`)."""
+    lines = [
+        "| run | tokens | seconds | tokens/s | model passes |",
+        "|---|---|---|---|---|",
+        _row("speculative", spec),
+    ]
+    if baseline is not None:
+        lines.append(_row("target alone", baseline))
+    if draft_alone is not None:
+        lines.append(_row("draft alone", draft_alone))
+    lines += ["", alpha_line(spec)]
+    if spec.planned_speedup is not None:
+        lines += ["", plan_line(spec.planned_speedup, comparison)]
+    if number_format:
+        lines += ["", f"Number format: {number_format}."]
+    if comparison is None:
+        return "\n".join(lines)
+    c = comparison
+    lines += ["", *explanation(spec, c, num_draft_tokens)]
+    if greedy:
+        lines += ["", greedy_check(c.identical, divergence)]
+    if c.speedup < 1.0:
+        slowest = max((v for _, v in c.verify_cost_by_k), default=1.0)
+        lines += [
+            "",
+            (
+                "Speculation was slower here: "
+                f"{c.tokens_per_pass:.2f} tokens per pass did not pay for {c.round_cost:.2f} steps per round"
+                + (f" (α = {spec.alpha:.2f} is low)" if spec.alpha < 0.5 else "")
+                + f"; on this device a verification pass costs up to {slowest:.2f}× a one-token step."
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def sharing_note(speculative: Sequence[Round], baseline: Sequence[Round]) -> str | None:
+    """Why no speedup is shown when either run shared its passes with other runs (None when both ran alone)."""
+    shared = [r.num_rows for r in speculative if r.num_rows > 1]
+    shared_baseline = [r.num_rows for r in baseline if r.num_rows > 1]
+    if not shared and not shared_baseline:
+        return None
+    return (
+        f"**No speedup shown:** {len(shared)} of {len(speculative)} speculative rounds and {len(shared_baseline)} "
+        f"of {len(baseline)} target-alone rounds shared their model pass with other runs (up to "
+        f"{max(shared + shared_baseline)} rows), so their times include other people's work and do not compare. "
+        "Tokens per pass and α are your run's own; run again when the app is quiet for a fair speedup."
+    )
+
+
+def cut_note(rounds: Sequence[Round], greedy: bool) -> str | None:
+    """What cutting drafts for shared passes did to the run (None when no round was cut)."""
+    cut = [r for r in rounds if r.cut]
+    if not cut:
+        return None
+    same = (
+        "a greedy run's are the same as alone"
+        if greedy
+        else "a sampled run's are another draw of the same distribution than its seed gives alone"
+    )
+    return (
+        f"**Drafts cut for shared passes:** in {len(cut)} of {len(rounds)} rounds your run shared its pass with up to "
+        f"{max(r.cut.num_rows for r in cut)} rows and drafted less than it could, because every row of a pass is "
+        f"padded to the widest (hover a token for its round's cut). The tokens still follow the target exactly; {same}."
+    )
