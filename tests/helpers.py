@@ -129,6 +129,16 @@ def make_round(index: int, drafts: list[int], num_accepted: int, next_kind: str 
 
 
 SPELLING = EXAMPLES[0][0]
+GREEDY_PROMPTS = (  # eight requests a class might send at once
+    "Correct the spelling: The quartely planing meeting is moved to Thursday at noon in room 4.",
+    "Write a haiku about autumn rain.",
+    "Turn into a Markdown table: name,age / Ann,31 / Bo,27 / Cy,45",
+    "Explain why the sky is blue to a ten-year-old.",
+    "List three uses for baking soda.",
+    "Write a limerick about a cat who learned to code.",
+    "Rewrite in the passive voice: The committee approved the budget on Monday.",
+    "Summarise in one sentence: The train leaves at 9:40 from platform 3 and arrives in Lyon at 13:05.",
+)
 STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
 

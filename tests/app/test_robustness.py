@@ -27,6 +27,7 @@ from specdemo.drafters import SuffixDrafter
 from specdemo.engine.scheduler import IDLE_RELEASE_SECONDS, Schedulers
 from specdemo.models.loading import chat_prompt_ids, native_bfloat16
 from tests.helpers import (
+    GREEDY_PROMPTS,
     SPELLING,
     STORY,
     assert_engine_stops_within_a_second,
@@ -50,16 +51,6 @@ NUM_CLIENTS, RUNS_PER_CLIENT, NEW_TOKENS = 8, 2, 48
 CLIENT_POLL_SECONDS = 0.02  # how often a test client looks for updates (a browser is not in this process)
 SHARED_WALL_BOUND = 0.8  # the load at once, against the same load one run at a time
 AUTO_IS_BFLOAT16 = native_bfloat16(torch.device("cpu"))  # --dtype auto's format here
-GREEDY_PROMPTS = (  # eight requests a class might send at once
-    "Correct the spelling: The quartely planing meeting is moved to Thursday at noon in room 4.",
-    "Write a haiku about autumn rain.",
-    "Turn into a Markdown table: name,age / Ann,31 / Bo,27 / Cy,45",
-    "Explain why the sky is blue to a ten-year-old.",
-    "List three uses for baking soda.",
-    "Write a limerick about a cat who learned to code.",
-    "Rewrite in the passive voice: The committee approved the budget on Monday.",
-    "Summarise in one sentence: The train leaves at 9:40 from platform 3 and arrives in Lyon at 13:05.",
-)
 
 
 @pytest.fixture(scope="module")

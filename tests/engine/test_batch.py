@@ -16,7 +16,7 @@ from specdemo.engine.decoding import BatchDecoder, batch_generate, speculative_g
 from specdemo.models.loading import OFFLINE_DEFAULT, chat_prompt_ids, load_model, native_bfloat16
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 from tests.drafters.test_suffix import FREE
-from tests.helpers import TINY_VOCAB, assert_equal_or_near_tie
+from tests.helpers import GREEDY_PROMPTS, TINY_VOCAB, assert_equal_or_near_tie
 
 EOS = frozenset([1])
 PROMPTS = [[0, 5, 9, 5, 9, 12, 7, 5, 9], [0, 3], [0, 10, 19, 5, 21, 5, 13, 13, 21, 4, 4, 7, 4, 4], [0, 8, 8, 8]]
@@ -160,14 +160,7 @@ def offline_bfloat16():
     return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.bfloat16)
 
 
-BATCH_TEXTS = [  # chat prompts, so the model writes sentences in which bfloat16's rounding meets near-ties
-    "Correct the spelling: The quartely planing meeting is moved to Thursday at noon in room 4.",
-    "Write a haiku about autumn rain.",
-    "Turn into a Markdown table: name,age / Ann,31 / Bo,27 / Cy,45",
-    "Explain why the sky is blue to a ten-year-old.",
-    "List three uses for baking soda.",
-    "Write a limerick about a cat who learned to code.",
-]
+BATCH_TEXTS = GREEDY_PROMPTS[:6]  # chat prompts: the model writes sentences where bfloat16 meets near-ties
 
 
 def test_bfloat16_rows_are_the_same_alone_beside_others_and_without_drafts(offline_bfloat16):
