@@ -12,7 +12,7 @@ from transformers import LlamaForCausalLM
 
 from specdemo.engine.resources import release_openmp_workers
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model
-from tests.helpers import launched_app, tiny_model
+from tests.helpers import launched_app, tiny_model, train_tiny_head
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
 
@@ -44,6 +44,12 @@ def tiny_target() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def tiny_draft() -> LlamaForCausalLM:
     return tiny_model(seed=2, num_layers=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_trained_head(tiny_target, tmp_path_factory):
+    """A recurrent head trained on tiny_target's own greedy texts (seconds): its drafts are often accepted."""
+    return train_tiny_head(tiny_target, tmp_path_factory.mktemp("head"))[0]
 
 
 @pytest.fixture(scope="session")

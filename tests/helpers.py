@@ -21,9 +21,13 @@ from specdemo.app.one_prompt import EXAMPLES
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rounds import Round
 from specdemo.drafters import Drafter
+from specdemo.drafters.recurrent import RecurrentHead, load_head
 from specdemo.engine.decoding import BatchDecoder, batch_generate
 from specdemo.models.loading import LoadedModel
 from specdemo.models.shared import ModelCache
+from specdemo.training.data import DataSettings
+from specdemo.training.fit import FitSettings
+from specdemo.training.run import train_drafter
 
 TINY_VOCAB = 32  # small, so sampled-distribution tests have statistical power with a few thousand runs
 
@@ -219,3 +223,29 @@ def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel({word: index for index, word in enumerate(words)}, unk_token=words[0]))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=words[0], eos_token=words[1])
+
+
+def tiny_recurrent_head(target: PreTrainedModel, seed: int, vocabulary_size: int | None = None) -> RecurrentHead:
+    """A random RecurrentHead on `target` over its first `vocabulary_size` ids (all by default), sharp enough that
+    its drafts differ and are sometimes accepted."""
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    torch.manual_seed(seed)
+    head = RecurrentHead(target, torch.arange(vocabulary_size or vocab_size)).float()
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.mul_(4.0)
+    return head.eval()
+
+
+def train_tiny_head(
+    target: PreTrainedModel, directory: Path, vocabulary_size: int = 24, output: Path | None = None
+) -> tuple[RecurrentHead, dict]:
+    """A head trained for a few seconds on the greedy texts of a tiny target (train_drafter end to end), written to
+    `output` (default: directory / "head.pt")."""
+    output = output or directory / "head.pt"
+    words = ["<unk>", "</s>", *(f"w{i}" for i in range(target.config.vocab_size - 2))]
+    loaded = LoadedModel("tiny", target, word_tokenizer(words), torch.device("cpu"))
+    data = DataSettings(num_texts=32, max_new_tokens=48, batch_size=8, temperature=0.0)
+    settings = FitSettings(steps=400, batch_size=64, depth=3, vocabulary_size=vocabulary_size, held_out_texts=8)
+    summary = train_drafter(loaded, data, settings, directory / "cache", output, None, print)
+    return load_head(target, output), summary

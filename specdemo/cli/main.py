@@ -1,12 +1,12 @@
-"""The command line's entry point: `python -m specdemo generate|bench|pairs ...`; every refusal is one sentence and
-exit code 2, a failed run one sentence and exit code 1."""
+"""The command line's entry point: `python -m specdemo generate|bench|pairs|train-drafter ...`; every refusal is one
+sentence and exit code 2, a failed run one sentence and exit code 1."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from specdemo.cli import bench, generate
+from specdemo.cli import bench, generate, train
 from specdemo.pairs import pairs_table
 
 EXIT_BAD_INPUT = 2  # as argparse uses for bad arguments
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parser(commands, _progress)
     commands.add_parser("pairs", help="list the draft/target pairs").set_defaults(run=_pairs)
     bench.add_parser(commands, _progress)
+    train.add_parser(commands, _progress)
     return parser
 
 

@@ -22,6 +22,7 @@ class CandidateTrace:
     uniforms: list[float]  # the test's draw: accepted when u * q < p
     tested: list[bool]
     accepted: list[bool]
+    source: str = ""  # which drafter proposed it, where several did (the hybrid's "copy" or "head")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ class DraftRequest:
     num_candidates: int
     sampling: SamplingConfig  # what a draft model samples with for this row
     generator: torch.Generator  # the row's own: a draft model draws one uniform per beam per step from it
+    hidden_state: torch.Tensor | None = None  # [H] the target's last hidden state at the last accepted position, for a
+    # drafter that `reads_hidden_state`; None before the row's first target pass
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Draft:
     forward_seconds: float = 0.0  # time in the drafter's forward passes, shared by the rows drafted together
     plan: Plan | None = None  # how much a cost-aware drafter chose to draft, and what it expected of it
     chances: list[list[float]] | None = None  # [W][K] its estimate that each token is accepted given its prefix
+    sources: list[str] | None = None  # [W] which drafter proposed each candidate, where several did (the hybrid)
 
 
 class Drafter(Protocol):
@@ -46,6 +49,12 @@ class Drafter(Protocol):
 
     def forget(self, key: Hashable) -> None:
         """The row left the batch: drop whatever is kept for it."""
+
+
+def reads_hidden_state(drafter: Drafter) -> bool:
+    """Whether the engine must hand the drafter each row's last hidden state (a drafter says so with a class attribute
+    `reads_hidden_state = True`; the verification pass computes the states anyway)."""
+    return bool(getattr(drafter, "reads_hidden_state", False))
 
 
 class NoDrafter:
@@ -78,6 +87,8 @@ class DraftingContext:
     vocab_size: int  # the target's V: the last dimension of every draft distribution
     pass_costs: Callable[[int], PassCosts]  # the target's t(n) / t(1) on this device, for passes up to n tokens
     draft_model: PreTrainedModel | None = None  # a draft model's weights, for drafters that run one
+    target_model: PreTrainedModel | None = None  # the target's weights, for a head that reads its embeddings
+    target_name: str = ""  # the target's name, which names the head trained for it
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, Round
 from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs
 from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
-from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter
+from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, reads_hidden_state
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 
 
@@ -43,6 +43,7 @@ class _Row:
     num_rounds: int = 0
     drafts_tested: int = 0  # drafted tokens tested on the accepted candidate's path, over the row's rounds
     drafts_accepted: int = 0
+    hidden_state: torch.Tensor | None = None  # [H] at the last accepted position, for a drafter that reads it
 
     def __post_init__(self) -> None:
         self.warpers = build_warpers(self.sampling)
@@ -53,7 +54,13 @@ class _Row:
         num_draft = num_draft if self.drafting else 0
         draft_sampling = self.speculative.draft_sampling(self.sampling)
         return DraftRequest(
-            key, self.sequence_ids, num_draft, self.speculative.num_candidates, draft_sampling, self.generator
+            key,
+            self.sequence_ids,
+            num_draft,
+            self.speculative.num_candidates,
+            draft_sampling,
+            self.generator,
+            self.hidden_state,
         )
 
     def chances(self, draft: Draft) -> list[list[float]]:
@@ -72,7 +79,7 @@ def _cut(draft: Draft, num_tokens: int) -> Draft:
     depth = max(map(len, token_ids), default=0)
     probs = None if draft.probs is None or not token_ids else draft.probs[:, :depth]
     chances = None if draft.chances is None else [c[:num_tokens] for c in draft.chances[: len(token_ids)]]
-    return Draft(token_ids, probs, draft.forward_seconds, draft.plan, chances)
+    return replace(draft, token_ids=token_ids, probs=probs, chances=chances)
 
 
 def _cut_at_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
@@ -81,7 +88,7 @@ def _cut_at_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
     depth = max(map(len, token_ids), default=0)
     probs = None if draft.probs is None else draft.probs[:, :depth]
     chances = None if draft.chances is None else [c[: len(t)] for c, t in zip(draft.chances, token_ids, strict=True)]
-    return Draft(token_ids, probs, draft.forward_seconds, draft.plan, chances)
+    return replace(draft, token_ids=token_ids, probs=probs, chances=chances)
 
 
 def _greedy_vocabulary(
@@ -178,6 +185,7 @@ def _trace(verdict: CandidateVerdict, b: int, draft: Draft) -> tuple[CandidateTr
             uniforms=column(verdict.uniforms, w, len(tokens)),
             tested=column(verdict.tested, w, len(tokens)),
             accepted=column(verdict.accepted, w, len(tokens)),
+            source=draft.sources[w] if draft.sources else "",
         )
         for w, tokens in enumerate(draft.token_ids)
     )
@@ -198,7 +206,7 @@ class BatchDecoder:
         verify: Verify = verify_rows,  # the multi-candidate rule; the audit plants bugs here
         costs: BatchCosts | None = None,  # this device's round costs: drafts are cut when a shared pass pays for it
     ) -> None:
-        self.verifier = TreeCachedModel(target)
+        self.verifier = TreeCachedModel(target, keep_hidden_states=reads_hidden_state(drafter))
         self.costs = costs
         self.drafter = drafter
         self.verify = verify
@@ -331,6 +339,8 @@ class BatchDecoder:
             cut=cut,
             **timings,
         )
+        if self.verifier.keep_hidden_states:  # where the next token's logits were read
+            row.hidden_state = self.verifier.last_hidden_states[key][path, accepted]
         row.drafts_tested += sum(chosen.tested)
         row.drafts_accepted += accepted
         row.sequence_ids = row.sequence_ids + emitted

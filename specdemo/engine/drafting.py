@@ -25,7 +25,9 @@ def build_drafter(
     if kind is None:
         assert draft is not None, f"the draft model '{drafter}' was not loaded"
         return ModelDrafter(draft.model, None, target.vocab_size)
-    context = DraftingContext(target.vocab_size, partial(pass_costs, target.model), None)
+    context = DraftingContext(
+        target.vocab_size, partial(pass_costs, target.model), target_model=target.model, target_name=target.name
+    )
     return kind.build(options if options is not None else kind.options(), context)
 
 

@@ -131,8 +131,9 @@ class TreeCachedModel:
     logits are those of the row alone, bit for bit in any batch (models/attention.py), and the sliding window is
     applied in the mask by position, so a sliding-window model stays exact however far it decodes."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, keep_hidden_states: bool = False) -> None:
         self.model = model
+        self.keep_hidden_states = keep_hidden_states  # for a drafter that reads them: last_hidden_states
         self.device = model.device
         self.layer_kinds = attention_kinds(model.config.name_or_path or model.config.model_type, model.config)
         self.sliding_window = getattr(model.config, "sliding_window", None)
@@ -142,6 +143,8 @@ class TreeCachedModel:
         self.forward_seconds = 0.0
         self.last_forward_seconds = 0.0
         self.last_input_lengths: dict[Hashable, int] = {}  # tokens fed per row in the latest pass
+        self.last_hidden_states: dict[Hashable, torch.Tensor] = {}  # per row asked, the final (normed) hidden states
+        # where its logits were read, arranged as `logits` arranges them ([W, K+1, H] or [W, H]), if kept
 
     @property
     def length(self) -> int:
@@ -170,9 +173,14 @@ class TreeCachedModel:
         plan = self.layout.plan(asked, min_gemm_rows(self.model.dtype))
         self.cache.reserve(len(plan.keys), plan.width)
         self.cache.move_slots(plan.moves)
-        logits = self._forward(plan)  # [B, num_logits, V]
+        logits, hidden = self._forward(plan)  # [B, num_logits, V], [B, num_logits, H] or None
         self.last_input_lengths = {key: prefilled.get(key, 0) + fed for key, fed in plan.fed.items()}
         first = len(plan.tokens[0]) - plan.num_logits  # the column of logits[:, 0]
+        if hidden is not None:
+            self.last_hidden_states = {
+                key: self._row_logits(hidden[plan.keys.index(key)], plan.logit_columns[key], first, request.logits_for)
+                for key, request in asked.items()
+            }
         return [
             self._row_logits(logits[plan.keys.index(key)], plan.logit_columns[key], first, request.logits_for)
             for key, request in asked.items()
@@ -201,7 +209,7 @@ class TreeCachedModel:
 
     @staticmethod
     def _row_logits(logits: torch.Tensor, columns: list[list[int]], first: int, logits_for: str) -> torch.Tensor:
-        """One row's logits ([num_logits, V]) by branch, as `logits` documents."""
+        """One row's logits ([num_logits, V]) by branch, as `logits` documents (or its hidden states, [.., H])."""
         if logits_for == "tips":
             return logits[[branch[0] - first for branch in columns]]  # [W, V]
         depth = max(map(len, columns))
@@ -210,7 +218,7 @@ class TreeCachedModel:
             arranged[w, : len(branch)] = logits[[column - first for column in branch]]
         return arranged
 
-    def _forward(self, plan: PassPlan) -> torch.Tensor:  # [B, num_logits, V]
+    def _forward(self, plan: PassPlan) -> tuple[torch.Tensor, torch.Tensor | None]:  # [B, num_logits, V], [.., H]
         tokens = torch.tensor(plan.tokens, dtype=torch.long, device=self.device)  # [B, n]
         positions = torch.tensor(plan.positions, dtype=torch.long, device=self.device)  # [B, n]
         masks = {
@@ -227,8 +235,11 @@ class TreeCachedModel:
             use_cache=True,
             logits_to_keep=plan.num_logits,
             tree_pass=True,
+            output_hidden_states=self.keep_hidden_states,
         )
         synchronize(self.device)
         self.last_forward_seconds = time.perf_counter() - started
         self.forward_seconds += self.last_forward_seconds
-        return output.logits
+        if not self.keep_hidden_states:
+            return output.logits, None
+        return output.logits, output.hidden_states[-1][:, -plan.num_logits :]  # the states the LM head read

@@ -85,15 +85,16 @@ def draw_candidates(previous, draft_table, num_candidates, depth, deterministic,
     return tokens, draft_probs
 
 
-def emitted_counts(rule, num_candidates, depth, deterministic, seed=0) -> torch.Tensor:
-    """[NUM_POSITIONS, V] counts of the emitted token at each position, over NUM_SAMPLES runs of rounds."""
+def emitted_counts(rule, num_candidates, depth, deterministic, seed=0, draw=draw_candidates) -> torch.Tensor:
+    """[NUM_POSITIONS, V] counts of the emitted token at each position, over NUM_SAMPLES runs of rounds; `draw`
+    makes each round's candidates (draw_candidates' signature)."""
     target_table, draft_table = markov_tables()
     generator = torch.Generator().manual_seed(seed)
     emitted = torch.full((NUM_SAMPLES, NUM_POSITIONS + depth + 1), -1)
     filled = torch.zeros(NUM_SAMPLES, dtype=torch.long)
     previous = torch.full((NUM_SAMPLES,), START)
     while bool((filled < NUM_POSITIONS).any()):
-        tokens, draft_probs = draw_candidates(previous, draft_table, num_candidates, depth, deterministic, generator)
+        tokens, draft_probs = draw(previous, draft_table, num_candidates, depth, deterministic, generator)
         states = torch.cat([previous[:, None, None].expand(-1, num_candidates, 1), tokens], dim=2)  # [N, W, K+1]
         target_probs = target_table[states]  # [N, W, K+1, V]: p along each candidate's own path
         lengths = torch.full((NUM_SAMPLES, num_candidates), depth)

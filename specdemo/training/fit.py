@@ -1,0 +1,192 @@
+"""Fitting the recurrent head on the target's own texts: from each position t, given the target's hidden state h_t and
+the token x_{t+1} it chose, the head learns the target's next K predictions (its argmax, or its top entries as soft
+labels). Checkpointed, so an interrupted run resumes; held-out acceptance per draft position is measured as it goes."""
+
+# N = training positions, K = depth (draft positions trained), H = hidden_size, S = sub-vocabulary, A = TOP_ENTRIES
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import PreTrainedModel
+
+from specdemo.config import check_int, check_number
+from specdemo.drafters.recurrent import RecurrentHead
+
+IGNORE = -100  # a label the head cannot draft (off its sub-vocabulary) or past the text's end
+LABELS = ("argmax", "soft")
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    steps: int = 6000
+    batch_size: int = 256  # positions a step, each trained over `depth` draft positions
+    depth: int = 4
+    vocabulary_size: int = 8192  # S: measured, see docs/recurrent-drafter.md
+    num_blocks: int = 1
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.01
+    labels: str = "argmax"
+    held_out_texts: int = 48  # the last texts written, never trained on
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("steps", self.steps, 1, 1_000_000)
+        check_int("batch-size", self.batch_size, 1, 65_536)
+        check_int("depth", self.depth, 1, 16)
+        check_int("vocabulary-size", self.vocabulary_size, 16, 262_144)
+        check_int("blocks", self.num_blocks, 0, 8)
+        check_number("learning-rate", self.learning_rate, 0.0, 1.0, low_open=True)
+        check_number("weight-decay", self.weight_decay, 0.0, 1.0)
+        check_int("held-out-texts", self.held_out_texts, 1, 10_000)
+        if self.labels not in LABELS:
+            raise ValueError(f"labels must be one of {', '.join(LABELS)}, got {self.labels!r}.")
+
+
+@dataclass
+class Positions:
+    """Every trainable position of a set of texts: what the head reads, and what it should predict."""
+
+    hidden: torch.Tensor  # [N, H] bfloat16 h_t
+    inputs: torch.Tensor  # [N, K] int64 x_{t+1} ... x_{t+K} (0 past the end)
+    argmax: torch.Tensor  # [N, K] int64 the target's argmax at t+1 ... t+K (IGNORE past the end)
+    follows: torch.Tensor  # [N, K] bool the text went on with that argmax (x_{t+k+1} == argmax_{t+k})
+    top_probs: torch.Tensor  # [N, K, A] float16
+    top_ids: torch.Tensor  # [N, K, A] int64
+
+
+def read_positions(chunks: list[Path], depth: int) -> Positions:
+    """Positions t from each text's last prompt token to its second-to-last token."""
+    columns: dict[str, list[torch.Tensor]] = {name: [] for name in Positions.__dataclass_fields__}
+    for path in chunks:
+        record = torch.load(path, weights_only=True)
+        for b, tokens in enumerate(record["token_ids"]):
+            start, length = record["prompt_lengths"][b] - 1, len(tokens)
+            if length - start < 2:
+                continue
+            t = torch.arange(start, length - 1)  # [n]
+            ahead = t[:, None] + torch.arange(1, depth + 1)  # [n, K] t+k
+            inside = ahead < length
+            at = ahead.clamp(max=length - 1)
+            argmax = record["argmax"][b].long()
+            after = torch.cat([tokens.long(), torch.tensor([-1])])[at + 1]  # x_{t+k+1}; -1 past the end
+            columns["hidden"].append(record["hidden"][b][t])
+            columns["inputs"].append(torch.where(inside, tokens.long()[at], 0))
+            columns["argmax"].append(torch.where(inside, argmax[at], IGNORE))
+            columns["follows"].append(inside & (after == argmax[at]))
+            columns["top_probs"].append(record["top_probs"][b][at])
+            columns["top_ids"].append(record["top_ids"][b][at].long())
+    return Positions(**{name: torch.cat(parts) for name, parts in columns.items()})
+
+
+def sub_vocabulary(positions: Positions, size: int, vocab_size: int) -> torch.Tensor:  # [S] ids, most frequent first
+    """The tokens the target predicts most often in its texts (FR-Spec's frequency ranking)."""
+    labels = positions.argmax[:, 0]
+    counts = torch.bincount(labels[labels >= 0], minlength=vocab_size)
+    return counts.argsort(descending=True, stable=True)[: min(size, vocab_size)]
+
+
+@dataclass
+class Curves:
+    steps: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)  # training loss, averaged since the previous point
+    alpha: list[list[float]] = field(default_factory=list)  # held-out acceptance per draft position, greedy
+    tokens_per_pass: list[float] = field(default_factory=list)  # held-out, greedy, one chain of `depth`
+
+
+@torch.inference_mode()
+def held_out_acceptance(head: RecurrentHead, positions: Positions, limit: int = 4096) -> tuple[list[float], float]:
+    """Greedy drafts of `depth` tokens from held-out positions against the target's argmax: α per draft position
+    (accepted over reached), and tokens per target pass of one chain (1 + accepted), as the engine would count."""
+    chosen = torch.linspace(0, len(positions.hidden) - 1, min(limit, len(positions.hidden))).long()
+    depth = positions.inputs.shape[1]
+    drafts = head.beam_search(positions.hidden[chosen].float(), positions.inputs[chosen, 0], 1, depth)[:, 0]
+    accepted = drafts == positions.argmax[chosen]  # [n, K]
+    # A drafted token's successor can be judged only where the text went on with it (its own context).
+    goes_on = (accepted & positions.follows[chosen]).long().cumprod(dim=1)  # [n, K]
+    reached = torch.cat([torch.ones_like(goes_on[:, :1]), goes_on[:, :-1]], dim=1).bool()  # [n, K]
+    alpha = [float((accepted & reached)[:, k].sum() / reached[:, k].sum().clamp(min=1)) for k in range(depth)]
+    return alpha, 1.0 + float((accepted & reached).sum(dim=1).float().mean())
+
+
+def _loss(head: RecurrentHead, batch: dict[str, torch.Tensor], lookup: torch.Tensor, labels: str) -> torch.Tensor:
+    logits = head(batch["hidden"].float(), batch["inputs"])  # [B, K, S]
+    if labels == "argmax":
+        target = lookup[batch["argmax"].clamp(min=0)].masked_fill(batch["argmax"] < 0, IGNORE)  # [B, K] in S
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
+    index = lookup[batch["top_ids"]]  # [B, K, A] in S, or IGNORE off the sub-vocabulary
+    weights = batch["top_probs"].float() * (index >= 0) * (batch["argmax"] >= 0)[..., None]
+    log_q = logits.log_softmax(dim=-1).gather(-1, index.clamp(min=0))  # [B, K, A]
+    return -(weights * log_q).sum() / weights.sum().clamp(min=1e-9)
+
+
+def _rate(step: int, settings: FitSettings) -> float:
+    """Linear warm-up over the first tenth, then cosine decay to zero (ReDrafter's schedule)."""
+    warmup = max(1, settings.steps // 10)
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, settings.steps - warmup)))
+
+
+def fit(
+    target: PreTrainedModel,
+    train: Positions,
+    held_out: Positions,
+    settings: FitSettings,
+    checkpoint: Path,
+    evaluate_every: int = 250,
+) -> tuple[RecurrentHead, Curves]:
+    """Train a head, resuming from `checkpoint` when it was made with the same settings."""
+    torch.manual_seed(settings.seed)
+    vocabulary = sub_vocabulary(train, settings.vocabulary_size, target.get_output_embeddings().weight.shape[0])
+    head = RecurrentHead(target, vocabulary.to(target.device), settings.num_blocks).float()
+    lookup = torch.full((head.embedding.shape[0],), IGNORE, dtype=torch.long)
+    lookup[vocabulary] = torch.arange(len(vocabulary))
+    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _rate(step, settings))
+    generator = torch.Generator().manual_seed(settings.seed)
+    curves, first_step = Curves(), 0
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["settings"] == asdict(settings):
+            head.load_state_dict(saved["head"])
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+            generator.set_state(saved["generator"])
+            curves, first_step = saved["curves"], saved["step"]
+    batch_names = ("hidden", "inputs", "argmax", "top_probs", "top_ids")
+    losses: list[float] = []
+    bar = tqdm(range(first_step, settings.steps), desc="training the head", unit="step", initial=first_step,
+               total=settings.steps)  # fmt: skip
+    for step in bar:
+        chosen = torch.randint(len(train.hidden), (settings.batch_size,), generator=generator)
+        loss = _loss(head, {name: getattr(train, name)[chosen] for name in batch_names}, lookup, settings.labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        if (step + 1) % evaluate_every == 0 or step + 1 == settings.steps:
+            alpha, per_pass = held_out_acceptance(head, held_out)
+            curves.steps.append(step + 1)
+            curves.loss.append(sum(losses) / len(losses))
+            curves.alpha.append(alpha)
+            curves.tokens_per_pass.append(per_pass)
+            losses = []
+            bar.set_postfix(loss=f"{curves.loss[-1]:.3f}", alpha1=f"{alpha[0]:.2f}", per_pass=f"{per_pass:.2f}")
+            state = dict(
+                settings=asdict(settings),
+                head=head.state_dict(),
+                optimizer=optimizer.state_dict(),
+                scheduler=scheduler.state_dict(),
+                generator=generator.get_state(),
+                curves=curves,
+                step=step + 1,
+            )
+            torch.save(state, checkpoint.with_suffix(".partial"))
+            checkpoint.with_suffix(".partial").replace(checkpoint)
+    return head.eval(), curves

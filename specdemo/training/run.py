@@ -1,0 +1,64 @@
+"""`train-drafter` from end to end: load the target, have it write its texts (cached), fit the head (checkpointed),
+and write the head file and its curves."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from specdemo.drafters.recurrent import save_head, target_fingerprint
+from specdemo.models.loading import LoadedModel, Progress
+from specdemo.training.curves import draw_curves
+from specdemo.training.data import DataSettings, write_texts
+from specdemo.training.fit import FitSettings, fit, read_positions
+
+
+def train_drafter(
+    target: LoadedModel,
+    data: DataSettings,
+    settings: FitSettings,
+    cache: Path,
+    output: Path,
+    curves_path: Path | None,
+    progress: Progress,
+) -> dict[str, object]:
+    """Train and save a head for `target`; returns what was measured on the way."""
+    started = time.perf_counter()
+    target_name = target.name
+    fingerprint = target_fingerprint(target.model)
+    cache = cache / f"{target_name.replace('/', '--')}-{fingerprint}-{target.model.dtype}".replace("torch.", "")
+    chunks = write_texts(target, data, cache)
+    texts_seconds = time.perf_counter() - started
+    held_out_chunks = max(1, -(-settings.held_out_texts // data.batch_size))
+    if held_out_chunks >= len(chunks):
+        raise ValueError(
+            f"{settings.held_out_texts} held-out texts leave nothing to train on among {data.num_texts}: write more "
+            "--texts, or hold out fewer."
+        )
+    train = read_positions(chunks[:-held_out_chunks], settings.depth)
+    held_out = read_positions(chunks[-held_out_chunks:], settings.depth)
+    progress(f"{len(train.hidden):,} training positions, {len(held_out.hidden):,} held out.")
+    head, curves = fit(target.model, train, held_out, settings, cache / f"checkpoint-{settings.labels}.pt")
+    summary: dict[str, object] = dict(
+        target=target_name,
+        dtype=str(target.model.dtype).removeprefix("torch."),
+        texts=asdict(data),
+        fit=asdict(settings),
+        training_positions=len(train.hidden),
+        held_out_positions=len(held_out.hidden),
+        texts_seconds=round(texts_seconds, 1),
+        seconds=round(time.perf_counter() - started, 1),
+        held_out_alpha=curves.alpha[-1],
+        held_out_tokens_per_pass=curves.tokens_per_pass[-1],
+        final_loss=curves.loss[-1],
+    )
+    save_head(head, output, fingerprint, summary)
+    if curves_path is not None:
+        title = f"recurrent head for {target_name}: {len(train.hidden):,} positions, {settings.labels} labels"
+        draw_curves(curves, curves_path, title)
+    progress(f"Wrote {output} ({output.stat().st_size / 1e6:.1f} MB) in {summary['seconds']} s.")
+    torch.save(curves, cache / f"curves-{settings.labels}.pt")
+    return summary
