@@ -22,6 +22,9 @@ BUGS = {
     "wrong q": f"the test uses the draft's raw distribution (before its temperature {RAW_TEMPERATURE:g}), not the "
     "one it sampled from",
     "shared uniform": "one uniform draw serves every test and the final draw",
+    "ReDrafter's rule, as released": "each beam is tested on its own with min(1, p/q), the longest accepted beam "
+    "wins and the next token comes from that beam's residual (apple/ml-recurrent-drafter; exact only for W = 1 "
+    "or greedy)",
 }
 
 
@@ -62,9 +65,48 @@ def _with_one_uniform(rule: Verify, ids, lengths, draft_probs, target_probs, uni
     return rule(ids, lengths, draft_probs, target_probs, uniforms[:, :1].expand_as(uniforms).contiguous())
 
 
+def _redrafter_released(rule: Verify, ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
+    """The rule run on each beam alone, as a chain with that beam's own draws (candidate w at depth j draws
+    j*W + w), then the longest accepted beam kept: after rejecting one beam, the next is not tested against what
+    remains of p, so tokens both beams reach are over-sampled."""
+    num_rows, num_candidates, depth = ids.shape
+    chains = [
+        rule(
+            ids[:, w : w + 1],
+            lengths[:, w : w + 1],
+            draft_probs[:, w : w + 1],
+            target_probs[:, w : w + 1],
+            torch.cat([uniforms[:, w : depth * num_candidates : num_candidates], uniforms[:, -1:]], dim=1),
+        )
+        for w in range(num_candidates)
+    ]
+    reached = torch.stack([chain.num_accepted for chain in chains], dim=1).masked_fill(lengths == 0, -1)  # [B, W]
+    path = reached.argmax(dim=1)  # [B] the first of the longest
+
+    def by_candidate(name: str) -> torch.Tensor:  # [B, W, K] each chain's column side by side
+        return torch.cat([getattr(chain, name) for chain in chains], dim=1)
+
+    def on_path(name: str) -> torch.Tensor:  # [B] the kept beam's value
+        return torch.stack([getattr(chain, name) for chain in chains], dim=1)[torch.arange(num_rows), path]
+
+    return CandidateVerdict(
+        tested=by_candidate("tested"),
+        accepted=by_candidate("accepted"),
+        target_draft_probs=by_candidate("target_draft_probs"),
+        draft_draft_probs=by_candidate("draft_draft_probs"),
+        acceptance_probs=by_candidate("acceptance_probs"),
+        uniforms=by_candidate("uniforms"),
+        path=path,
+        num_accepted=on_path("num_accepted"),
+        next_token_ids=on_path("next_token_ids"),
+        next_token_probs=on_path("next_token_probs"),
+    )
+
+
 PLANTED: dict[str, Callable[..., CandidateVerdict]] = {
     "resample from p": _resampling_from_p,
     "always accept": _always_accepting,
     "wrong q": _with_raw_q,
     "shared uniform": _with_one_uniform,
+    "ReDrafter's rule, as released": _redrafter_released,
 }

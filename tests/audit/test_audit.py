@@ -11,12 +11,15 @@ import torch
 
 from specdemo.audit import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit, verifier
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
 from specdemo.drafters import ModelDrafter
-from specdemo.engine.decoding import BatchDecoder
+from specdemo.drafters.recurrent import RecurrentDrafter
+from specdemo.engine.decoding import BatchDecoder, autoregressive_generate
 from tests.helpers import TINY_VOCAB, tiny_model
 
 PLANTED = [bug for bug in BUGS if bug != "none"]
+REDRAFTER = "ReDrafter's rule, as released"
 
 
 def preset(name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,11 +38,24 @@ def test_the_projects_sampler_passes_on_every_preset(name, num_candidates):
 @pytest.mark.parametrize("bug", PLANTED)
 @pytest.mark.parametrize("num_candidates", [1, 3])
 def test_every_planted_bug_fails_the_toy_audit(bug, num_candidates):
+    if bug == REDRAFTER and num_candidates == 1:
+        pytest.skip("one beam: ReDrafter's rule is Algorithm 1 (test_redrafters_rule_is_exact_for_one_beam_or_greedy)")
     result = toy_audit(
         *preset("overlapping"), num_draft_tokens=3, num_samples=100_000, num_candidates=num_candidates, bug=bug
     )
     assert not result.passes, (bug, result.verdict)
     assert result.verdict.startswith("Not lossless")
+
+
+@pytest.mark.parametrize("num_candidates", [1, 3])
+def test_redrafters_rule_is_exact_for_one_beam_or_greedy(num_candidates):
+    """It fails only with several sampled beams: one beam is Algorithm 1, and under a greedy target (p one-hot) every
+    beam's test and residual give the argmax. Here both pass the audit that fails it for W = 3 above."""
+    target, draft = preset("overlapping")
+    if num_candidates == 3:
+        target = torch.nn.functional.one_hot(target.argmax(), len(target)).double()
+    result = toy_audit(target, draft, 3, 100_000, num_candidates=num_candidates, bug=REDRAFTER, seed=1)
+    assert result.passes, result.verdict
 
 
 def test_the_control_and_every_planted_bug_wrap_the_rule_the_engine_runs(monkeypatch):
@@ -55,7 +71,8 @@ def test_the_control_and_every_planted_bug_wrap_the_rule_the_engine_runs(monkeyp
 
     for bug in BUGS:
         verifier(bug, counting_rule)(*preset_inputs())
-    assert len(calls) == len(BUGS)
+    # ReDrafter's released rule runs the rule once per beam (W = 2 here), as a chain
+    assert len(calls) == len(BUGS) + 1 and calls.count(torch.Size([4, 1, 3])) == 2
 
 
 def preset_inputs(rows: int = 4, w: int = 2, k: int = 3) -> tuple[torch.Tensor, ...]:
@@ -160,3 +177,29 @@ def test_the_model_audit_repeats_with_its_seed(tiny_pairs):
 
 
 # --- the app: /audit by name ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("bug", "passes"), [("none", True), (REDRAFTER, False)])
+def test_with_recurrent_beams_the_model_audit_passes_the_rule_and_fails_redrafters(
+    tiny_target, tiny_trained_head, bug, passes
+):
+    """The head's W = 3 sampled beams from the second token on (the first round has no hidden state yet): the
+    engine's rule passes, ReDrafter's released rule is caught over the first two tokens."""
+    drafter = RecurrentDrafter(tiny_trained_head, TINY_VOCAB)
+    spec = SpeculativeConfig(num_draft_tokens=2, num_candidates=3)
+    result = model_audit(
+        tiny_target, drafter, frozenset(), [0, 3, 4], SamplingConfig(temperature=1.0), spec, 2, 1_500, bug
+    )
+    assert result.passes == passes, result.verdict
+
+
+def test_redrafters_rule_gives_the_targets_greedy_text_with_recurrent_beams(tiny_target, tiny_trained_head):
+    spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=30, num_candidates=3)
+    decoder = BatchDecoder(tiny_target, RecurrentDrafter(tiny_trained_head, TINY_VOCAB), frozenset([1]),
+                           verifier(REDRAFTER))  # fmt: skip
+    decoder.add(0, [0, 5, 9, 5, 9], SamplingConfig(), spec)
+    rounds = [round_ for _ in range(30) if decoder.rows for _, round_ in decoder.step()]
+    alone = list(autoregressive_generate(tiny_target, torch.tensor([[0, 5, 9, 5, 9]]), SamplingConfig(), 30,
+                                         frozenset([1])))  # fmt: skip
+    assert emitted_ids(rounds) == emitted_ids(alone)
+    assert sum(r.num_accepted for r in rounds) > 0
