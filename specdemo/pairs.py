@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specdemo.drafters.base import Drafter
-from specdemo.drafters.registry import NGRAM, SUFFIX, drafter_names, is_model_free
+from specdemo.drafters.registry import HYBRID, NGRAM, RECURRENT, SUFFIX, drafter_names, is_model_free
 from specdemo.engine.drafting import build_drafter, prepare_drafter
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
 from specdemo.models.shared import ModelCache
@@ -49,6 +49,28 @@ PAIRS: tuple[Pair, ...] = (
         SUFFIX,
         "No draft model: drafts the most frequent continuation of the longest repeated suffix, as long as this "
         "machine's pass costs say it pays, and nothing when it would lose; the page says what it chose each round.",
+        needs_hub=False,
+        suggested_hardware="cpu",
+    ),
+    Pair(
+        "smollm2-135m-recurrent",
+        "SmolLM2-135M + recurrent drafter (trained here)",
+        OFFLINE_DEFAULT,
+        RECURRENT,
+        "ReDrafter's drafter: a 2.7M-parameter RNN reads the target's last hidden state and drafts through the "
+        "target's own output layer, over the 8,192 tokens it writes most; trained on this CPU from the target's own "
+        "texts (python -m specdemo train-drafter). W > 1: beams.",
+        needs_hub=False,
+        suggested_hardware="cpu",
+    ),
+    Pair(
+        "smollm2-135m-hybrid",
+        "SmolLM2-135M + suffix copy and recurrent drafter (offline)",
+        OFFLINE_DEFAULT,
+        HYBRID,
+        "Copying and the trained head catch different tokens: each round keeps the copy, the head's draft or "
+        "both as candidates of one pass, as this machine's pass costs say pays; the tooltip names who proposed a "
+        "token.",
         needs_hub=False,
         suggested_hardware="cpu",
     ),

@@ -18,6 +18,9 @@ Decode = Callable[
 CONTEXT_TOKENS = 8  # a token's text is decoded after this many earlier tokens, so leading spaces survive
 
 
+SOURCES = {"copy": "the suffix drafter's copy", "head": "the recurrent head"}  # a hybrid's candidates
+
+
 @dataclass(frozen=True)
 class TokenSpan:
     """One token as the reader sees it: its text, what happened to it, and the numbers that decided it."""
@@ -31,6 +34,7 @@ class TokenSpan:
     acceptance_prob: float | None  # min(1, p/q) (draft tokens only)
     uniform: float | None  # the draw u it was tested with; None for drafts discarded after an earlier rejection
     plan: str = ""  # what a cost-aware drafter chose for the round, e.g. "drafted 3: expected 2.4 tokens for 1.7 steps"
+    source: str = ""  # which drafter proposed a draft token, where several did: "copy" or "head"
 
 
 def token_text(decode: Decode, context_ids: Sequence[int], token_id: int) -> str:
@@ -57,6 +61,7 @@ def round_spans(round_: Round, decode: Decode, emitted: list[int]) -> list[Token
                 acceptance_prob=round_.acceptance_probs[position],
                 uniform=round_.uniforms[position] if tested else None,
                 plan=plan_text(round_),
+                source=round_.candidates[round_.path].source if round_.candidates else "",
             )
         )
         (emitted if accepted else refused).append(token)
@@ -116,6 +121,8 @@ def _tooltip(span: TokenSpan) -> str:
     parts = [f"{span.kind}, round {span.round_index + 1}", f"token id {span.token_id}"]
     if span.plan:
         parts.insert(1, span.plan)
+    if span.source:
+        parts.insert(1, f"proposed by {SOURCES.get(span.source, span.source)}")
     if span.target_prob is not None:
         parts.append(f"target p = {span.target_prob:.4f}")
     if span.draft_prob is not None:
@@ -212,6 +219,7 @@ def candidates_html(rounds: Sequence[Round], decode: Decode) -> str:
                             acceptance_prob=candidate.acceptance_probs[j],
                             uniform=candidate.uniforms[j] if candidate.tested[j] else None,
                             plan=plan_text(round_),
+                            source=candidate.source,
                         )
                     )
                     context.append(token)

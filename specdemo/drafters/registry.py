@@ -5,11 +5,19 @@ from __future__ import annotations
 
 from dataclasses import Field, fields
 
-from specdemo.drafters.base import DrafterKind
+from specdemo.drafters.base import DrafterKind, DraftingContext
+from specdemo.drafters.hybrid import HybridDrafter, HybridOptions
 from specdemo.drafters.ngram import NgramDrafter, NgramOptions
+from specdemo.drafters.recurrent import RecurrentDrafter, RecurrentOptions, cached_head, head_path
 from specdemo.drafters.suffix import SuffixDrafter, SuffixOptions
 
-NGRAM, SUFFIX = "ngram", "suffix"
+NGRAM, SUFFIX, RECURRENT, HYBRID = "ngram", "suffix", "recurrent", "hybrid"
+
+
+def _recurrent(context: DraftingContext) -> RecurrentDrafter:
+    return RecurrentDrafter(cached_head(context.target_model, head_path(context.target_name)), context.vocab_size)
+
+
 DRAFTER_KINDS: dict[str, DrafterKind] = {
     kind.name: kind
     for kind in (
@@ -29,6 +37,25 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
             lambda options, context: SuffixDrafter(context.pass_costs, options.suffix_cache_tokens),
             cost_aware=True,
         ),
+        DrafterKind(
+            RECURRENT,
+            "recurrent drafter (trained here)",
+            "a small RNN reading the target's last hidden state, trained on the target's own texts "
+            "(python -m specdemo train-drafter); W > 1 draws W sequences, or beam search at temperature 0",
+            RecurrentOptions,
+            lambda options, context: _recurrent(context),
+        ),
+        DrafterKind(
+            HYBRID,
+            "suffix copy + recurrent head, cost-aware",
+            "the suffix drafter's copy and the recurrent head's draft as candidates of one pass: each round keeps "
+            "the copy, the head's draft or both, as this device's pass costs say pays",
+            HybridOptions,
+            lambda options, context: HybridDrafter(
+                SuffixDrafter(context.pass_costs), _recurrent(context), context.pass_costs, context.vocab_size
+            ),
+            cost_aware=True,
+        ),
     )
 }
 
@@ -38,8 +65,9 @@ def is_model_free(drafter: str) -> bool:
 
 
 def drafter_names() -> str:
-    """For sentences: 'ngram' or 'suffix'."""
-    return " or ".join(f"'{name}'" for name in DRAFTER_KINDS)
+    """For sentences: 'ngram', 'suffix', 'recurrent' or 'hybrid'."""
+    names = [f"'{name}'" for name in DRAFTER_KINDS]
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def option_fields() -> list[tuple[DrafterKind, Field]]:

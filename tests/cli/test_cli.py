@@ -34,7 +34,7 @@ PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesd
         (["--pair", "smollm2-135m-self", "--draft", "x/y"], "Give either --pair or --target/--draft"),
         (["--draft-temperature", "-2"], "draft temperature must be in [0, 10]"),
         (["--draft", "sufix"], "'sufix' is not a valid model id"),
-        (["--draft", "sufix"], "a drafter may also be 'ngram' or 'suffix'."),
+        (["--draft", "sufix"], "a drafter may also be 'ngram', 'suffix', 'recurrent' or 'hybrid'."),
         (
             ["--draft", "suffix", "--suffix-cache-tokens", "-1"],
             "suffix-cache-tokens must be between 0 and 200000, got -1.",

@@ -11,6 +11,8 @@ from specdemo.core.sampling import build_warpers, logits_to_probs, sample_from_p
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
 from specdemo.drafters import ModelDrafter, NgramDrafter, NoDrafter, find_ngram_continuations
+from specdemo.drafters.hybrid import HybridDrafter
+from specdemo.drafters.recurrent import RecurrentDrafter
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder, batch_generate, speculative_generate
 from specdemo.models.loading import OFFLINE_DEFAULT, chat_prompt_ids, load_model, native_bfloat16
@@ -33,8 +35,10 @@ def run_alone(target, drafter, prompt, sampling, spec) -> list:
 
 
 @pytest.mark.parametrize("num_candidates", [1, 3])
-@pytest.mark.parametrize("drafter_kind", ["ngram", "suffix", "model"])
-def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(tiny_target, tiny_draft, drafter_kind, num_candidates):
+@pytest.mark.parametrize("drafter_kind", ["ngram", "suffix", "model", "recurrent", "hybrid"])
+def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(
+    tiny_target, tiny_draft, tiny_trained_head, drafter_kind, num_candidates
+):
     """Four prompts of different lengths, settings, seeds and limits; one joins after the first round; rows end at
     different rounds (EOS or their limit). Each row's rounds equal those of the row decoded alone. (The suffix
     drafter remembers no earlier outputs here: with them, a row's drafts would depend on the rows that left.)"""
@@ -42,6 +46,11 @@ def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(tiny_target, tiny
     def drafter():
         if drafter_kind == "suffix":
             return SuffixDrafter(FREE, cache_tokens=0)
+        if drafter_kind == "recurrent":
+            return RecurrentDrafter(tiny_trained_head, TINY_VOCAB)
+        if drafter_kind == "hybrid":
+            head = RecurrentDrafter(tiny_trained_head, TINY_VOCAB)
+            return HybridDrafter(SuffixDrafter(FREE, cache_tokens=0), head, lambda n: FREE, TINY_VOCAB)
         return NgramDrafter(3, 1) if drafter_kind == "ngram" else ModelDrafter(tiny_draft, None, TINY_VOCAB)
 
     def spec(limit: int) -> SpeculativeConfig:

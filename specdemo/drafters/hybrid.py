@@ -1,0 +1,91 @@
+"""The hybrid drafter: the suffix drafter's copy and the recurrent head's draft, which catch different tokens, as
+candidates of one pass. Each round the cost-aware planner keeps the copy, the head's draft, or both, cut to the depth
+with the most expected tokens per unit of the target's pass cost. A copy is a point mass (one-hot q), the head's
+tokens carry the q they were sampled from: the multi-candidate rule is exact for such mixed candidates."""
+
+# W = candidates kept, K = num_draft_tokens, V = vocab_size
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, replace
+
+import torch
+
+from specdemo.core.planning import PassCosts, plan_draft
+from specdemo.drafters.base import Draft, DraftRequest
+from specdemo.drafters.recurrent import RecurrentDrafter
+from specdemo.drafters.suffix import SuffixDrafter
+
+COPY, HEAD = "copy", "head"
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    """None of its own: the suffix drafter's and the head's defaults."""
+
+
+class HybridDrafter:
+    """Proposes, per row, the copy and the head's draft ordered by their first token's chance, and keeps what the
+    planner (core.planning.plan_draft) expects the most of per step. `sources` names each candidate's drafter."""
+
+    reads_hidden_state = True
+
+    def __init__(
+        self, suffix: SuffixDrafter, head: RecurrentDrafter, costs: Callable[[int], PassCosts], vocab_size: int
+    ) -> None:
+        self.suffix = suffix
+        self.head = head
+        self.costs = costs
+        self.vocab_size = vocab_size
+
+    def forget(self, key: Hashable) -> None:
+        self.suffix.forget(key)
+        self.head.forget(key)
+
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        copies = self.suffix.propose(requests)
+        heads = self.head.propose([replace(r, num_candidates=max(1, r.num_candidates - 1)) for r in requests])
+        widest = max(r.num_candidates * r.num_draft_tokens + 1 for r in requests)
+        costs = self.costs(widest)
+        return [self._combine(c, h, costs) for c, h in zip(copies, heads, strict=True)]
+
+    def _combine(self, copy: Draft, head: Draft, costs: PassCosts) -> Draft:
+        found = [(COPY, w, c) for w, c in enumerate(copy.token_ids) if c]
+        found += [(HEAD, w, c) for w, c in enumerate(head.token_ids) if c]
+        if not found:
+            return Draft([], None, plan=copy.plan)
+        chances = {COPY: copy.chances or [[0.5] * len(c) for c in copy.token_ids], HEAD: head.chances or []}
+        estimates = [list(chances[source][w]) for source, w, _ in found]
+        order = sorted(range(len(found)), key=lambda i: -estimates[i][0])  # stable: the copy first on a tie
+        firsts = {}
+        for i in order:  # candidates sharing a first token share its test: count its chance once
+            token = found[i][2][0]
+            estimates[i][0] = 0.0 if token in firsts else estimates[i][0]
+            firsts.setdefault(token, i)
+        total = sum(estimates[i][0] for i in order)
+        for i in order:
+            estimates[i][0] /= max(1.0, total)
+        plan = plan_draft([estimates[i] for i in order], costs)
+        kept = order[: plan.num_candidates]
+        token_ids = [found[i][2][: plan.num_tokens] for i in kept]
+        if plan.num_tokens == 0:
+            return Draft([], None, head.forward_seconds, plan=plan)
+        probs = None
+        if head.probs is not None:  # sampled: the head's q beside the copies' point masses
+            depth = max(map(len, token_ids))
+            probs = torch.zeros(len(kept), depth, self.vocab_size, device=head.probs.device)
+            for row, i in enumerate(kept):
+                source, w, _ = found[i]
+                if source == HEAD:
+                    probs[row, : len(token_ids[row])] = head.probs[w, : len(token_ids[row])]
+                else:
+                    probs[row, torch.arange(len(token_ids[row])), torch.tensor(token_ids[row])] = 1.0
+        return Draft(
+            token_ids,
+            probs,
+            head.forward_seconds,
+            plan=plan,
+            chances=[estimates[i][: plan.num_tokens] for i in kept],
+            sources=[found[i][0] for i in kept],
+        )
