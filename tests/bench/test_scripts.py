@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers import LlamaForCausalLM
 
-from tests.helpers import save_tiny_model, word_tokenizer
+from specdemo.drafters.recurrent import head_path
+from tests.helpers import save_tiny_model, train_tiny_head, word_tokenizer
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks"
 WORDS = ["<unk>", "</s>", "copy", "this", "list", "apples", "bread", "milk", "and", "then", "write", "a", "poem"]
@@ -20,6 +22,7 @@ WORDS = ["<unk>", "</s>", "copy", "this", "list", "apples", "bread", "milk", "an
 def tiny(tmp_path_factory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("tiny")
     model = save_tiny_model(folder / "model", word_tokenizer(WORDS), seed=0)
+    train_tiny_head(LlamaForCausalLM.from_pretrained(model), model / "training", output=head_path(str(model)))
     prompts = folder / "prompts.jsonl"
     lines = [
         {"name": "copy", "grounded": True, "text": "copy this list apples bread milk and then apples bread milk"},
@@ -47,10 +50,12 @@ def run_script(name: str, argv: list[str]) -> object:
         ("static", ["--rows", "2", "--max-new-tokens", "4", "--repeats", "1"]),
         ("overhead", ["--max-new-tokens", "4"]),
         ("invariance", ["--max-new-tokens", "4"]),
+        ("head_cost", ["--sizes", "4", "8", "--repeats", "1"]),
+        ("recurrent", ["--max-new-tokens", "6", "--seeds", "1"]),
     ],
 )
 def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
     model, prompts = tiny
-    prompt_flags = [] if name == "phases" else ["--prompts", str(prompts)]
+    prompt_flags = [] if name in ("phases", "head_cost") else ["--prompts", str(prompts)]
     assert run_script(name, ["--model", str(model), "--dtype", "float32", *prompt_flags, *options])
     assert capsys.readouterr().out.strip()

@@ -1,0 +1,116 @@
+"""Tokens per target pass of the recurrent head, its beams and the hybrid, beside the suffix drafter, on a prompts file:
+greedy (each run decides the same rounds, so no timing is needed) and sampled at a temperature (seeded), with α per
+draft position and the tokens each pass verifies (the tree, root included). Speeds come from `python -m specdemo bench`.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/recurrent.py --prompts benchmarks/prompts/recurrent-fresh.jsonl"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from common import load, parser
+
+from specdemo.bench.prompts import PROMPTS, read_prompts_file
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.stats import run_stats
+from specdemo.engine.decoding import speculative_generate
+from specdemo.engine.drafting import build_drafter, prepare_drafter
+from specdemo.models.loading import chat_prompt_ids
+
+RUNS = (  # (label, drafter kind, W)
+    ("suffix", "suffix", 1),
+    ("head W=1", "recurrent", 1),
+    ("head W=2", "recurrent", 2),
+    ("head W=3", "recurrent", 3),
+    ("hybrid", "hybrid", 2),
+)
+
+
+def one_run(target, kind: str, width: int, prompt_ids, sampling: SamplingConfig, args) -> dict:
+    spec = SpeculativeConfig(
+        num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens, num_candidates=width
+    )
+    drafter = build_drafter(kind, target)  # fresh: no memory of other prompts
+    rounds = list(speculative_generate(target.model, drafter, prompt_ids, sampling, spec, target.eos_token_ids))
+    stats = run_stats(rounds)
+    verified = [1 + sum(len(c.token_ids) for c in r.candidates) for r in rounds]
+    return {
+        "tokens_per_pass": stats.mean_tokens_per_round,
+        "alpha_by_position": list(stats.alpha_by_position),
+        "tested_by_position": list(stats.tested_by_position),
+        "tree": statistics.mean(verified),
+        "new_tokens": stats.num_generated,
+    }
+
+
+def pooled_alpha(runs: list[dict]) -> list[float]:
+    """α per position over runs, weighted by the tests each rests on."""
+    depth = max(len(run["alpha_by_position"]) for run in runs)
+    alpha = []
+    for k in range(depth):
+        tested = sum(run["tested_by_position"][k] for run in runs if len(run["tested_by_position"]) > k)
+        accepted = sum(
+            run["alpha_by_position"][k] * run["tested_by_position"][k]
+            for run in runs
+            if len(run["tested_by_position"]) > k
+        )
+        alpha.append(round(accepted / tested, 3) if tested else 0.0)
+    return alpha
+
+
+def main(argv: list[str] | None = None) -> dict:
+    flags = parser(__doc__)
+    flags.add_argument("--prompts", help="a prompts file (default: the bench's own prompts)")
+    flags.add_argument("--max-new-tokens", type=int, default=128)
+    flags.add_argument("--num-draft-tokens", type=int, default=4)
+    flags.add_argument("--temperature", type=float, default=0.7, help="the sampled runs' temperature")
+    flags.add_argument("--seeds", type=int, default=2, help="sampled runs per prompt")
+    args = flags.parse_args(argv)
+    target = load(args)
+    for kind in ("suffix", "hybrid"):
+        prepare_drafter(kind, target, lambda message: None)
+    prompts = read_prompts_file(args.prompts).prompts if args.prompts else PROMPTS
+    rows = []
+    for prompt in prompts:
+        prompt_ids = chat_prompt_ids(target, prompt.text)
+        row = {"prompt": prompt.name, "grounded": prompt.grounded, "greedy": {}, "sampled": []}
+        for label, kind, width in RUNS:
+            row["greedy"][label] = one_run(target, kind, width, prompt_ids, SamplingConfig(), args)
+        for seed in range(args.seeds):
+            sampling = SamplingConfig(temperature=args.temperature, seed=seed)
+            row["sampled"].append(one_run(target, "recurrent", 1, prompt_ids, sampling, args))
+        rows.append(row)
+        print(
+            json.dumps({"prompt": prompt.name, **{k: round(v["tokens_per_pass"], 2) for k, v in row["greedy"].items()}})
+        )
+    summary = {}
+    for group, grounded in (("open-ended", False), ("grounded", True)):
+        chosen = [row for row in rows if row["grounded"] == grounded]
+        if not chosen:
+            continue
+        summary[group] = {
+            label: {
+                "tokens_per_pass_median": round(
+                    statistics.median(r["greedy"][label]["tokens_per_pass"] for r in chosen), 3
+                ),
+                "tokens_per_pass_mean": round(
+                    statistics.mean(r["greedy"][label]["tokens_per_pass"] for r in chosen), 3
+                ),
+                "tree_mean": round(statistics.mean(r["greedy"][label]["tree"] for r in chosen), 2),
+                "alpha_by_position": pooled_alpha([r["greedy"][label] for r in chosen]),
+            }
+            for label, _, _ in RUNS
+        }
+        sampled = [run for r in chosen for run in r["sampled"]]
+        summary[group][f"head W=1, T={args.temperature:g}"] = {
+            "tokens_per_pass_median": round(statistics.median(run["tokens_per_pass"] for run in sampled), 3),
+            "alpha_by_position": pooled_alpha(sampled),
+        }
+    result = {"dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "summary": summary, "rows": rows}
+    print(json.dumps({"summary": summary}, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
