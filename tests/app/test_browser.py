@@ -244,3 +244,19 @@ def test_the_audit_passes_for_the_sampler_and_fails_for_a_planted_bug(browser, a
     assert "Planted bug, always accept" in page.inner_text("#audit-verdict")
     screenshot_light_and_dark(page, "audit-fail")
     page.close()
+
+
+def test_the_hybrid_pair_names_who_proposed_each_token(browser, app):
+    page = open_page(browser, app)
+    page.click("#pair input")
+    page.locator("li.item", has_text="suffix copy and recurrent drafter").click()
+    page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('trained head')", timeout=5_000)
+    page.locator("#max-new-tokens input[type=number]").fill("48")
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.fill("#prompt textarea", "Suggest a healthy morning routine for a busy student.")
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    titles = page.eval_on_selector_all("#tokens .tok", "spans => spans.map(s => s.title)")
+    assert any("proposed by the recurrent head" in t for t in titles), titles[:5]
+    page.screenshot(path=str(ARTIFACTS / "hybrid-light.png"), full_page=True)
+    page.close()
