@@ -15,7 +15,7 @@ from specdemo.training.data import DataSettings
 from specdemo.training.fit import LABELS, FitSettings
 from specdemo.training.run import train_drafter
 
-QUICK = dict(num_texts=256, steps=1500)  # --quick: at most 15 minutes here, for a head somewhat worse (docs/)
+QUICK = dict(num_texts=256, steps=1500)  # --quick: about 14 minutes by the default run's rates (docs/), untimed
 DEFAULT_CURVES = Path("docs/recurrent-head-training.png")
 
 
