@@ -76,6 +76,7 @@ def head_draws(head, width: int, copy: bool):
     return draw
 
 
+@pytest.mark.slow  # N = 200,000 twice: make test runs it, make test-fast (under a minute) does not
 @pytest.mark.parametrize("copy", [False, True], ids=["rnn-beams", "hybrid-copy-and-beams"])
 def test_the_rule_with_sampled_rnn_beams_follows_the_target(copy):
     """N = 200,000 runs of rounds of the Markov target of test_candidates, drafted by a head over 6 of its 8 tokens
