@@ -41,7 +41,7 @@ RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops a
 RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one at a time on ZeroGPU)
 QUEUE_SIZE = 16  # waiting runs beyond this are told the queue is full
 IN_PROGRESS_END = "…*"  # how every streamed summary but the last ends
-SWEEP_FILE = "assets/batch-sweep.json"  # bench --batch-sizes, measured, drawn on the Batch tab
+SWEEP_FILE = Path(__file__).with_name("batch_sweep.json")  # bench --batch-sizes, measured, drawn on the Batch tab
 SWEEP_LESSONS = {  # what each of the sweep's charts teaches, after the sentence that says how it was measured
     "batch": "Where the speculative line falls under target-only, drafting costs more than it wins at that batch size. "
     "Batches here cut their drafts for shared passes, as the sweep's line of that name did.",
@@ -70,8 +70,7 @@ class Server:
             target, _ = load_pair(DEFAULT_PAIR, cache, progress=print)
             if not ON_ZEROGPU:
                 measure_for_sharing(target, print)
-        path = Path(__file__).resolve().parents[2] / SWEEP_FILE
-        sweep = json.loads(path.read_text()) if path.is_file() else None
+        sweep = json.loads(SWEEP_FILE.read_text()) if SWEEP_FILE.is_file() else None
         return cls(cache, Schedulers(), Downloads(), sweep, **limits)
 
     @property

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from specdemo.config import MAX_NUM_DRAFT_TOKENS
 from specdemo.core.sampling import sample_one
 from specdemo.drafters.base import Draft, DraftRequest
 
@@ -152,8 +153,9 @@ class RecurrentDrafter:
         self.head = head
         self.vocab_size = vocab_size
         prior = list(head.trained.get("held_out_alpha") or [0.5])
-        self.tested = [self.PRIOR_WEIGHT] * 16
-        self.accepted = [self.PRIOR_WEIGHT * prior[min(k, len(prior) - 1)] for k in range(16)]
+        # per draft position (K is at most MAX_NUM_DRAFT_TOKENS): tokens tested and accepted, the prior included
+        self.tested = [self.PRIOR_WEIGHT] * MAX_NUM_DRAFT_TOKENS
+        self.accepted = [self.PRIOR_WEIGHT * prior[min(k, len(prior) - 1)] for k in range(MAX_NUM_DRAFT_TOKENS)]
         self.last: dict[Hashable, tuple[int, list[list[int]]]] = {}  # per row: its length then, and its candidates
 
     def forget(self, key: Hashable) -> None:
@@ -161,7 +163,7 @@ class RecurrentDrafter:
 
     def alpha(self, depth: int) -> list[float]:
         """The estimated chance that the token at each draft position is accepted, given its prefix was."""
-        return [self.accepted[min(k, 15)] / self.tested[min(k, 15)] for k in range(depth)]
+        return [self.accepted[k] / self.tested[k] for k in range(depth)]
 
     def _learn(self, request: DraftRequest) -> None:
         """The tokens emitted since the row's last draft against its candidates: the longest match was accepted
@@ -172,7 +174,7 @@ class RecurrentDrafter:
         emitted = request.sequence_ids[length:]
         matches = [_common_prefix(candidate, emitted) for candidate in candidates]
         best = max(range(len(candidates)), key=matches.__getitem__)
-        for k in range(min(matches[best] + 1, len(candidates[best]), 16)):
+        for k in range(min(matches[best] + 1, len(candidates[best]))):
             self.tested[k] += 1
             self.accepted[k] += k < matches[best]
 

@@ -162,21 +162,34 @@ def test_switching_the_pair_mid_run_leaves_the_run_alone(browser, app):
     page.close()
 
 
-def test_the_suffix_pair_says_what_each_round_chose(browser, app):
-    page = open_page(browser, app)
+def run_with_pair(page, pair_label: str, note: str, prompt: str, **numbers: int) -> list[str]:
+    """Pick the pair by its label, wait for its note, set the numeric settings (#num-draft-tokens for
+    num_draft_tokens=...), run `prompt` to its summary; the tokens' tooltips."""
     page.click("#pair input")
-    page.locator("li.item", has_text="suffix drafting").click()
-    page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('pass costs')", timeout=5_000)
-    page.locator("#num-draft-tokens input[type=number]").fill("12")
-    page.locator("#num-draft-tokens input[type=number]").press("Enter")
-    page.locator("#max-new-tokens input[type=number]").fill("48")
-    page.locator("#max-new-tokens input[type=number]").press("Enter")
-    page.fill("#prompt textarea", "Copy this list exactly: red, green, blue, red, green, blue, red, green, blue.")
+    page.locator("li.item", has_text=pair_label).click()
+    page.wait_for_function(f"document.querySelector('#pair-note')?.innerText.includes('{note}')", timeout=5_000)
+    for name, value in numbers.items():
+        field = page.locator(f"#{name.replace('_', '-')} input[type=number]")
+        field.fill(str(value))
+        field.press("Enter")
+    page.fill("#prompt textarea", prompt)
     page.click("#run")
     page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    return page.eval_on_selector_all("#tokens .tok", "spans => spans.map(s => s.title)")
+
+
+def test_the_suffix_pair_says_what_each_round_chose(browser, app):
+    page = open_page(browser, app)
+    titles = run_with_pair(
+        page,
+        "suffix drafting",
+        "pass costs",
+        "Copy this list exactly: red, green, blue, red, green, blue, red, green, blue.",
+        num_draft_tokens=12,
+        max_new_tokens=48,
+    )
     summary = page.inner_text("#summary")
     assert "Cost-aware drafting" in summary and "The plans expected" in summary and "identical" in summary
-    titles = page.eval_on_selector_all("#tokens .tok", "spans => spans.map(s => s.title)")
     # every token names its round's choice but the last round's, when no token was left to draft
     assert sum("drafted " in t for t in titles) >= len(titles) - 1, titles[:3]
     assert any(re.search(r"drafted \d+: expected \d+\.\d+ tokens for \d+\.\d+ steps", t) for t in titles), titles[:3]
@@ -248,15 +261,8 @@ def test_the_audit_passes_for_the_sampler_and_fails_for_a_planted_bug(browser, a
 
 def test_the_hybrid_pair_names_who_proposed_each_token(browser, app):
     page = open_page(browser, app)
-    page.click("#pair input")
-    page.locator("li.item", has_text="suffix copy and recurrent drafter").click()
-    page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('trained head')", timeout=5_000)
-    page.locator("#max-new-tokens input[type=number]").fill("48")
-    page.locator("#max-new-tokens input[type=number]").press("Enter")
-    page.fill("#prompt textarea", "Suggest a healthy morning routine for a busy student.")
-    page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
-    titles = page.eval_on_selector_all("#tokens .tok", "spans => spans.map(s => s.title)")
+    prompt = "Suggest a healthy morning routine for a busy student."
+    titles = run_with_pair(page, "suffix copy and recurrent drafter", "trained head", prompt, max_new_tokens=48)
     assert any("proposed by the recurrent head" in t for t in titles), titles[:5]
     page.screenshot(path=str(ARTIFACTS / "hybrid-light.png"), full_page=True)
     page.close()
