@@ -1,6 +1,7 @@
 """Tokens per target pass of the recurrent head, its beams and the hybrid, beside the suffix drafter, on a prompts file:
 greedy (each run decides the same rounds, so no timing is needed) and sampled at a temperature (seeded), with α per
 draft position and the tokens each pass verifies (the tree, root included). Speeds come from `python -m specdemo bench`.
+--head compares another head file (e.g. one from `train-drafter --quick --output F`) with the same runs.
 
     PYTHONPATH=. .venv/bin/python benchmarks/recurrent.py --prompts benchmarks/prompts/recurrent-fresh.jsonl"""
 
@@ -8,12 +9,18 @@ from __future__ import annotations
 
 import json
 import statistics
+from functools import partial
+from pathlib import Path
 
 from common import load, parser
 
 from specdemo.bench.prompts import PROMPTS, read_prompts_file
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import run_stats
+from specdemo.drafters.hybrid import HybridDrafter
+from specdemo.drafters.recurrent import RecurrentDrafter, load_head
+from specdemo.drafters.suffix import SuffixDrafter
+from specdemo.engine.costs import pass_costs
 from specdemo.engine.decoding import speculative_generate
 from specdemo.engine.drafting import build_drafter, prepare_drafter
 from specdemo.models.loading import chat_prompt_ids
@@ -27,11 +34,22 @@ RUNS = (  # (label, drafter kind, W)
 )
 
 
-def one_run(target, kind: str, width: int, prompt_ids, sampling: SamplingConfig, args) -> dict:
+def fresh_drafter(kind: str, target, head):
+    """A drafter with no memory of other prompts; the recurrent kinds with `head` where one is given."""
+    if head is None or kind not in ("recurrent", "hybrid"):
+        return build_drafter(kind, target)
+    recurrent = RecurrentDrafter(head, target.vocab_size)
+    if kind == "recurrent":
+        return recurrent
+    costs = partial(pass_costs, target.model)
+    return HybridDrafter(SuffixDrafter(costs), recurrent, costs, target.vocab_size)
+
+
+def one_run(target, kind: str, width: int, prompt_ids, sampling: SamplingConfig, args, head=None) -> dict:
     spec = SpeculativeConfig(
         num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens, num_candidates=width
     )
-    drafter = build_drafter(kind, target)  # fresh: no memory of other prompts
+    drafter = fresh_drafter(kind, target, head)
     rounds = list(speculative_generate(target.model, drafter, prompt_ids, sampling, spec, target.eos_token_ids))
     stats = run_stats(rounds)
     verified = [1 + sum(len(c.token_ids) for c in r.candidates) for r in rounds]
@@ -66,8 +84,12 @@ def main(argv: list[str] | None = None) -> dict:
     flags.add_argument("--num-draft-tokens", type=int, default=4)
     flags.add_argument("--temperature", type=float, default=0.7, help="the sampled runs' temperature")
     flags.add_argument("--seeds", type=int, default=2, help="sampled runs per prompt")
+    flags.add_argument("--head", type=Path, help="a head file to measure instead of the shipped one")
+    flags.add_argument("--runs", nargs="+", choices=[label for label, _, _ in RUNS], help="some runs only")
     args = flags.parse_args(argv)
     target = load(args)
+    head = load_head(target.model, args.head) if args.head else None
+    runs = [run for run in RUNS if args.runs is None or run[0] in args.runs]
     for kind in ("suffix", "hybrid"):
         prepare_drafter(kind, target, lambda message: None)
     prompts = read_prompts_file(args.prompts).prompts if args.prompts else PROMPTS
@@ -75,11 +97,11 @@ def main(argv: list[str] | None = None) -> dict:
     for prompt in prompts:
         prompt_ids = chat_prompt_ids(target, prompt.text)
         row = {"prompt": prompt.name, "grounded": prompt.grounded, "greedy": {}, "sampled": []}
-        for label, kind, width in RUNS:
-            row["greedy"][label] = one_run(target, kind, width, prompt_ids, SamplingConfig(), args)
+        for label, kind, width in runs:
+            row["greedy"][label] = one_run(target, kind, width, prompt_ids, SamplingConfig(), args, head)
         for seed in range(args.seeds):
             sampling = SamplingConfig(temperature=args.temperature, seed=seed)
-            row["sampled"].append(one_run(target, "recurrent", 1, prompt_ids, sampling, args))
+            row["sampled"].append(one_run(target, "recurrent", 1, prompt_ids, sampling, args, head))
         rows.append(row)
         print(
             json.dumps({"prompt": prompt.name, **{k: round(v["tokens_per_pass"], 2) for k, v in row["greedy"].items()}})
@@ -100,14 +122,17 @@ def main(argv: list[str] | None = None) -> dict:
                 "tree_mean": round(statistics.mean(r["greedy"][label]["tree"] for r in chosen), 2),
                 "alpha_by_position": pooled_alpha([r["greedy"][label] for r in chosen]),
             }
-            for label, _, _ in RUNS
+            for label, _, _ in runs
         }
         sampled = [run for r in chosen for run in r["sampled"]]
+        if not sampled:
+            continue
         summary[group][f"head W=1, T={args.temperature:g}"] = {
             "tokens_per_pass_median": round(statistics.median(run["tokens_per_pass"] for run in sampled), 3),
             "alpha_by_position": pooled_alpha(sampled),
         }
-    result = {"dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "summary": summary, "rows": rows}
+    result = {"dtype": args.dtype, "head": str(args.head or "shipped"), "summary": summary, "rows": rows}
+    result["max_new_tokens"] = args.max_new_tokens
     print(json.dumps({"summary": summary}, indent=1))
     return result
 
