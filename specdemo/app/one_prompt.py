@@ -13,6 +13,7 @@ from functools import partial
 import gradio as gr
 import torch
 
+from specdemo.app import step_view
 from specdemo.app.form import RUN_FIELDS, UI_MAX_NEW_TOKENS, names, parse_request, signature
 from specdemo.app.messages import user_error
 from specdemo.app.plots import (
@@ -49,7 +50,16 @@ from specdemo.app.runs import (
     trace_record,
 )
 from specdemo.app.serving import stoppable
-from specdemo.app.summary import Divergence, cut_note, first_difference, sharing_note, summary_markdown
+from specdemo.app.share import link_js
+from specdemo.app.summary import (
+    HEADLINE_CSS,
+    Divergence,
+    cut_note,
+    first_difference,
+    headline_html,
+    sharing_note,
+    summary_markdown,
+)
 from specdemo.config import MAX_NUM_DRAFT_TOKENS, MAX_PROMPT_CHARACTERS, MAX_PROMPT_TOKENS, SpeculativeConfig
 from specdemo.core.rounds import Round
 from specdemo.core.sampling import penalised_scores
@@ -90,8 +100,8 @@ EXAMPLES = [
 PROMPT = inspect.Parameter("prompt", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
 
 
-def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> None:
-    """The tab's prompt, buttons, tokens, summary and charts, and its events (/generate)."""
+def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> gr.Textbox:
+    """The tab's prompt, buttons, tokens, summary and charts, and its events (/generate); returns the prompt."""
     prompt = gr.Textbox(
         lines=5,
         label="Prompt",
@@ -101,10 +111,25 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> N
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="run")
         stop = gr.Button("Stop", variant="stop", elem_id="stop")
+        copy_link = gr.Button("Copy link", elem_id="copy-link", scale=0, min_width=120)
+    link = gr.Textbox(
+        label="A link that opens this run (copied where the browser allows)",
+        elem_id="share-link",
+        visible=False,
+        buttons=["copy"],
+    )
     gr.Markdown(LIMITS, elem_id="limits")
-    gr.Examples(EXAMPLES, inputs=[prompt, settings["pair"], settings["temperature"]], cache_examples=False)
+    with gr.Column(elem_id="examples"):
+        gr.Examples(EXAMPLES, inputs=[prompt, settings["pair"], settings["temperature"]], cache_examples=False)
+    headline = gr.HTML("", css_template=HEADLINE_CSS, elem_id="headline")
     tokens = gr.HTML(
-        "", label="Tokens", css_template=THEME_CSS, elem_id="tokens", elem_classes=["tokens"], min_height=80
+        "",
+        label="Tokens",
+        css_template=THEME_CSS + step_view.STEP_CSS,
+        elem_id="tokens",
+        elem_classes=["tokens"],
+        min_height=80,
+        js_on_load=step_view.INSPECT_JS,
     )
     summary = gr.Markdown(elem_id="summary")
     empty = [waiting(figure) for figure in charts([], SpeculativeConfig().num_draft_tokens)]
@@ -121,7 +146,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> N
             gr.Markdown(sweep_caption(server.sweep, "candidates"))
     trace = gr.DownloadButton("Download the trace (JSON)", visible=False, elem_id="trace")
     inputs = [prompt, *settings.values()]
-    outputs = [tokens, summary, acceptance, latency, positions, throughput, trace, candidates]
+    outputs = [tokens, summary, acceptance, latency, positions, throughput, trace, candidates, headline]
     handler = stoppable(
         on_gpu(partial(run_steps, server)), signature([PROMPT], RUN_FIELDS), "generate", run_steps.__doc__
     )
@@ -143,10 +168,14 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> N
                 api_name="generate" if trigger == run.click else False,
             )
         )
+    step_view.build(trace, tokens, events, THEME_CSS)
+    copy_link.click(None, inputs=[prompt, *settings.values()], outputs=link, js=link_js(), api_visibility="private")
+    copy_link.click(lambda: gr.update(visible=True), outputs=link, queue=False, api_visibility="private")
     # The note comes after the cancel, so no update of the stopped run that was already on its way overwrites it.
     stop.click(None, cancels=events, api_visibility="private").then(
         stopped_summary, inputs=summary, outputs=summary, queue=False, api_visibility="private"
     )
+    return prompt
 
 
 def check_run(values: dict) -> None:
@@ -175,14 +204,14 @@ def run_steps(server: Server, *values: object, stop: threading.Event) -> Iterato
 
 
 def unchanged_charts() -> tuple:
-    """The four charts, the trace and the candidates left as they are (fresh objects: Gradio may consume an
-    update)."""
-    return tuple(gr.skip() for _ in range(6))
+    """The four charts, the trace, the candidates and the headline left as they are (fresh objects: Gradio may consume
+    an update)."""
+    return tuple(gr.skip() for _ in range(7))
 
 
 def stream_run(server: Server, run: Run) -> Iterator[tuple]:
-    """Yield (tokens, summary, four charts, trace, candidates) as rounds arrive, then while the comparisons run; the
-    last update carries every output, and its summary says why the run ended when it ended early."""
+    """Yield (tokens, summary, four charts, trace, candidates, headline) as rounds arrive, then while the comparisons
+    run; the last update carries every output, and its summary says why the run ended when it ended early."""
     request = run.request
     yield "", in_progress("", "Decoding"), *unchanged_charts()  # at once: the page holds the run from here on
     rounds, tokens_html, summary, out_of_time = yield from stream_speculative(run)
@@ -192,7 +221,7 @@ def stream_run(server: Server, run: Run) -> Iterator[tuple]:
     if run.stop.is_set():
         return
     baseline = alone.get("target alone", [])
-    summary = final_summary(run, rounds, baseline, alone.get("draft alone", []))
+    summary, headline = final_summary(run, rounds, baseline, alone.get("draft alone", []), out_of_time)
     if out_of_time:
         note = (
             f"Stopped after {run.budget_seconds:g} s, the time budget of one run: lower max new tokens, "
@@ -210,11 +239,15 @@ def stream_run(server: Server, run: Run) -> Iterator[tuple]:
         *charts(rounds, num_draft_tokens, baseline),
         gr.update(value=trace, visible=True),
         gr.skip(),
+        headline,
     )
 
 
-def final_summary(run: Run, rounds: list[Round], baseline: list[Round], draft_alone: list[Round]) -> str:
-    """The summary once the run and its comparisons are done: the speedup explained, and what sharing changed."""
+def final_summary(
+    run: Run, rounds: list[Round], baseline: list[Round], draft_alone: list[Round], out_of_time: bool
+) -> tuple[str, str]:
+    """The summary once the run and its comparisons are done (the speedup explained, and what sharing changed), and
+    the headline's three numbers."""
     request = run.request
     num_draft_tokens = request.speculative.num_draft_tokens
     shared = sharing_note(rounds, baseline) if baseline else None
@@ -234,7 +267,10 @@ def final_summary(run: Run, rounds: list[Round], baseline: list[Round], draft_al
     for note in (shared, cut_note(rounds, greedy)):
         if note:
             summary += f"\n\n{note}"
-    return summary
+    why = "not measured: " + (
+        "passes were shared" if shared else "the run hit its time budget" if out_of_time else "the comparison was off"
+    )
+    return summary, headline_html(run_stats(rounds), comparison, "" if comparison else why)
 
 
 def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], str, str, bool]]:
@@ -248,7 +284,7 @@ def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], st
     stream = run.submit(run.target, [DecodeRequest(run.prompts[0], sampling, speculative)])
     for batch in stream.rounds(TOKENS_INTERVAL_SECONDS):
         rounds.extend(batch)
-        tokens_html += "".join(html_spans(round_spans(round_, decode, emitted)) for round_ in batch)
+        tokens_html += "".join(html_spans(round_spans(round_, decode, emitted), clickable=True) for round_ in batch)
         summary = summary_markdown(
             run_stats(rounds), speculative.num_draft_tokens, number_format=run.request.dtype_reason
         )
@@ -256,12 +292,14 @@ def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], st
         if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS * max(1, stream.scheduler.num_rows):
             last_chart = time.monotonic()
             candidates = candidates_html(rounds, decode)
-            yield tokens_html, streamed, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates
+            headline = headline_html(run_stats(rounds), None)
+            yield tokens_html, streamed, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates, headline
         else:
             yield tokens_html, streamed, *unchanged_charts()
     candidates = candidates_html(rounds, decode)  # every round's, the last included
     final = in_progress(summary, f"Decoded {len(emitted)} tokens")
-    yield tokens_html, final, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates
+    headline = headline_html(run_stats(rounds), None)
+    yield tokens_html, final, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates, headline
     return rounds, tokens_html, summary, stream.out_of_time
 
 
@@ -288,7 +326,7 @@ def stream_comparisons(
                 last_chart = time.monotonic()
                 baseline = collected["target alone"]
                 live = latency_figure(speculative_rounds, baseline), throughput_figure(speculative_rounds, baseline)
-                yield page, streamed, gr.skip(), live[0], gr.skip(), live[1], gr.skip(), gr.skip()
+                yield page, streamed, gr.skip(), live[0], gr.skip(), live[1], gr.skip(), gr.skip(), gr.skip()
             else:
                 yield page, streamed, *unchanged_charts()
         if stream.out_of_time:  # an unfinished comparison would compare unlike things

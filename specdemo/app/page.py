@@ -9,6 +9,7 @@ from specdemo.app import audit_tab, batch_tab, one_prompt
 from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair
 from specdemo.app.render import LEGEND_HTML
 from specdemo.app.runs import QUEUE_SIZE, RUN_CONCURRENCY, Server
+from specdemo.app.share import form_from_query, runs_on_open
 from specdemo.engine.resources import bound_allocator_arenas
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR
@@ -22,6 +23,23 @@ HEADER = (
 # takes the GIL from the engine's thread. The idle server's thread used 0.8 s of CPU in 8 s, 0.09 s at these periods.
 # An event now waits up to 20 ms to start.
 QUEUE_POLL_SECONDS = {"sleep_when_free": 0.02, "progress_update_sleep_when_free": 0.1}
+RERUNNING = "re-running it with its settings and seed"
+# After a shared link set the form: press Run for it once the pair's own settings have landed.
+RUN_ON_OPEN_JS = f"""() => {{
+  if (document.querySelector('#link-note')?.innerText.includes('{RERUNNING}')) {{
+    setTimeout(() => document.querySelector('#run')?.click(), 1500);
+  }}
+}}"""
+# ?view=present: large tokens and no settings, for a projector. A class on <body> and rules that reach the whole page.
+PRESENTER_JS = (
+    "if (new URLSearchParams(location.search).get('view') === 'present') document.body.classList.add('present');"
+)
+PRESENTER_HEAD = """<style>
+body.present #settings-column, body.present #limits, body.present #examples,
+body.present #header p:first-of-type { display: none !important; }
+body.present #tokens .tok, body.present #step-tokens .tok { font-size: 1.6em; line-height: 1.6; }
+body.present #round-sentence { font-size: 1.4em; }
+</style>"""
 DELETE_CACHE = (3600, 86_400)  # Gradio's own cached files (uploads, copies) go once a day old, looked at hourly
 
 
@@ -32,13 +50,16 @@ def build_demo(
     bound_allocator_arenas()  # before the queue starts its worker threads
     server = Server.start(cache, run_concurrency=run_concurrency)
     with gr.Blocks(title="specdemo: speculative decoding, made visible", delete_cache=DELETE_CACHE) as demo:
-        gr.HTML(HEADER, css_template=one_prompt.THEME_CSS, elem_id="header")
+        gr.HTML(
+            HEADER, css_template=one_prompt.THEME_CSS, elem_id="header", head=PRESENTER_HEAD, js_on_load=PRESENTER_JS
+        )
+        link_note = gr.Markdown(elem_id="link-note", visible=False)
         with gr.Row():
-            with gr.Column(scale=1, min_width=300):
+            with gr.Column(scale=1, min_width=300, elem_id="settings-column"):
                 settings, note, kinds = settings_column()
             with gr.Column(scale=2), gr.Tabs():
                 with gr.Tab("One prompt", id="one"):
-                    one_prompt.build_tab(server, settings)
+                    prompt = one_prompt.build_tab(server, settings)
                 with gr.Tab("Batch", id="batch"):
                     batch_tab.build_tab(server, settings, one_prompt.THEME_CSS)
                 with gr.Tab("Audit: is it lossless?", id="audit"):
@@ -50,10 +71,34 @@ def build_demo(
             queue=False,
             api_visibility="private",
         )
+        opened = demo.load(
+            open_link,
+            outputs=[prompt, *settings.values(), link_note],
+            queue=False,
+            api_visibility="private",
+        )
+        opened.then(None, js=RUN_ON_OPEN_JS, api_visibility="private")
     demo.queue(max_size=queue_size, default_concurrency_limit=1)  # explicit: ZeroGPU would default to 1
     calm_queue_polling(demo)
     demo.specdemo_server = server  # what the tests reach: the server's limits
     return demo
+
+
+def open_link(request: gr.Request) -> list:
+    """The form as a shared link sets it (?prompt=...&seed=...), with a note on what it left out and whether it
+    re-runs; a page opened without a query is left as it is."""
+    query = dict(request.query_params) if request is not None else {}
+    prompt, values, notes = form_from_query(query)
+    if prompt is None and not values and not notes:
+        return [gr.skip(), *(gr.skip() for _ in RUN_FIELDS), gr.skip()]
+    if runs_on_open(query, prompt, values):
+        notes.insert(0, f"Opened from a shared link: {RERUNNING}.")
+    elif query.get("run") == "1":
+        notes.insert(0, "Opened from a shared link: press **Run** to decode it (it re-runs by itself only for an "
+                        "offline pair and a short run).")  # fmt: skip
+    updates = [gr.update(value=values[spec.name]) if spec.name in values else gr.skip() for spec in RUN_FIELDS]
+    note = gr.update(value=" ".join(notes), visible=bool(notes))
+    return [gr.update(value=prompt) if prompt is not None else gr.skip(), *updates, note]
 
 
 def settings_column() -> tuple[dict[str, gr.components.Component], gr.Markdown, list[gr.Column]]:

@@ -24,7 +24,7 @@ COLOURS = {
 }
 
 
-def _figure(traces: list[dict], title: str, layout: dict | None = None, **axes: str) -> go.Figure:
+def plain_figure(traces: list[dict], title: str, layout: dict | None = None, **axes: str) -> go.Figure:
     """A figure from plain trace and layout dicts, unvalidated: Plotly's validators cost ~10 ms a figure, and four
     figures a run, rebuilt as it streams beside seven other runs, took the engine's CPU under load."""
     spec = {
@@ -70,7 +70,7 @@ def acceptance_figure(rounds: Sequence[Round]) -> go.Figure:
             "line": {"color": COLOURS["accepted"], "width": 2},
         },
     ]
-    return _figure(
+    return plain_figure(
         traces, "Acceptance α per round", {"yaxis": {"range": [0, 1.05]}}, xaxis="round", yaxis="α = accepted / tested"
     )
 
@@ -116,7 +116,7 @@ def latency_figure(rounds: Sequence[Round], baseline: Sequence[Round] = ()) -> g
                 "line": {"color": COLOURS["baseline"], "width": 1.5},
             }
         )
-    return _figure(traces, "Latency per round by phase", xaxis="round", yaxis="ms")
+    return plain_figure(traces, "Latency per round by phase", xaxis="round", yaxis="ms")
 
 
 def positions_figure(rounds: Sequence[Round], num_draft_tokens: int) -> go.Figure:
@@ -167,7 +167,7 @@ def positions_figure(rounds: Sequence[Round], num_draft_tokens: int) -> go.Figur
         ],
         "showlegend": False,
     }
-    return _figure(traces, "", layout)
+    return plain_figure(traces, "", layout)
 
 
 def throughput_figure(rounds: Sequence[Round], baseline: Sequence[Round] = ()) -> go.Figure:
@@ -187,7 +187,7 @@ def throughput_figure(rounds: Sequence[Round], baseline: Sequence[Round] = ()) -
         )
         if run
     ]
-    return _figure(traces, "Tokens over time", xaxis="seconds", yaxis="tokens generated")
+    return plain_figure(traces, "Tokens over time", xaxis="seconds", yaxis="tokens generated")
 
 
 def waiting(figure: go.Figure) -> go.Figure:
@@ -229,7 +229,7 @@ def batch_sweep_figure(sweep: dict, this_batch: tuple[int, float] | None = None)
                 "marker": {"symbol": "star", "size": 14, "color": COLOURS["shared"]},
             }
         )
-    return _figure(
+    return plain_figure(
         traces,
         "Measured: aggregate tokens/s by batch size",
         {  # seven lines and more: the legend goes under the chart, not over it
@@ -260,7 +260,7 @@ def candidates_sweep_figure(sweep: dict) -> go.Figure:
         "xaxis": {"tickvals": [w for w, _ in methods]},
         "yaxis": {"rangemode": "tozero"},  # differences read at their true size
     }
-    return _figure(
+    return plain_figure(
         traces, "Measured: tokens per target pass by W", layout, xaxis="candidates W", yaxis="tokens per pass"
     )
 
@@ -295,7 +295,7 @@ def toy_audit_figure(counts: Sequence[Sequence[int]], target: Sequence[float], p
     )
     verdict = "follows p" if passes else "does not follow p"
     layout = {"barmode": "group", "xaxis": {"dtick": 1}}
-    return _figure(traces, f"Emitted tokens by position: {verdict}", layout, xaxis="token", yaxis="share")
+    return plain_figure(traces, f"Emitted tokens by position: {verdict}", layout, xaxis="token", yaxis="share")
 
 
 def toy_tv_figure(curve: Sequence[tuple[int, float, float]]) -> go.Figure:
@@ -321,7 +321,7 @@ def toy_tv_figure(curve: Sequence[tuple[int, float, float]]) -> go.Figure:
         },
     ]
     layout = {"xaxis": {"type": "log"}, "yaxis": {"type": "log"}}
-    return _figure(traces, "TV against N: noise shrinks as 1/√N, a bias does not", layout, xaxis="N", yaxis="TV")
+    return plain_figure(traces, "TV against N: noise shrinks as 1/√N, a bias does not", layout, xaxis="N", yaxis="TV")
 
 
 def model_audit_figure(labels: Sequence[str], speculative: Sequence[int], target_only: Sequence[int]) -> go.Figure:
@@ -341,4 +341,4 @@ def model_audit_figure(labels: Sequence[str], speculative: Sequence[int], target
         )
     ]
     layout = {"barmode": "group", "height": 340, "xaxis": {"tickangle": -40}}
-    return _figure(traces, "First tokens: speculative against the target alone", layout, yaxis="share")
+    return plain_figure(traces, "First tokens: speculative against the target alone", layout, yaxis="share")

@@ -35,6 +35,7 @@ class TokenSpan:
     uniform: float | None  # the draw u it was tested with; None for drafts discarded after an earlier rejection
     plan: str = ""  # what a cost-aware drafter chose for the round, e.g. "drafted 3: expected 2.4 tokens for 1.7 steps"
     source: str = ""  # which drafter proposed a draft token, where several did: "copy" or "head"
+    position: int | None = None  # the round's tested position that decided it (Round.views), None if never tested
 
 
 def token_text(decode: Decode, context_ids: Sequence[int], token_id: int) -> str:
@@ -62,6 +63,7 @@ def round_spans(round_: Round, decode: Decode, emitted: list[int]) -> list[Token
                 uniform=round_.uniforms[position] if tested else None,
                 plan=plan_text(round_),
                 source=round_.candidates[round_.path].source if round_.candidates else "",
+                position=position if tested else None,
             )
         )
         (emitted if accepted else refused).append(token)
@@ -86,6 +88,7 @@ def _next_span(round_: Round, decode: Decode, context_ids: Sequence[int]) -> Tok
         acceptance_prob=None,
         uniform=None,
         plan=plan_text(round_),
+        position=round_.num_accepted,
     )
 
 
@@ -136,9 +139,9 @@ def _tooltip(span: TokenSpan) -> str:
     return " · ".join(parts)
 
 
-def html_spans(spans: Sequence[TokenSpan], round_marks: bool = True) -> str:
+def html_spans(spans: Sequence[TokenSpan], round_marks: bool = True, clickable: bool = False) -> str:
     """Token spans as HTML, each text escaped, with a marker where every round but the first begins (with
-    round_marks).
+    round_marks); a clickable token names its round and position (data-r, data-p) for the inspector.
 
     No wrapping element, so a growing run is a growing string (Gradio then streams only the new part).
     """
@@ -150,8 +153,11 @@ def html_spans(spans: Sequence[TokenSpan], round_marks: bool = True) -> str:
             pieces.append(f'<span class="round-sep" title="{title}"></span>')
         current_round = span.round_index
         text = html.escape(span.text, quote=True)
+        where = ""
+        if clickable and span.position is not None:
+            where = f' data-r="{span.round_index}" data-p="{span.position}"'
         pieces.append(
-            f'<span class="tok tok-{span.kind}" title="{html.escape(_tooltip(span), quote=True)}">{text}</span>'
+            f'<span class="tok tok-{span.kind}"{where} title="{html.escape(_tooltip(span), quote=True)}">{text}</span>'
         )
     return "".join(pieces)
 
@@ -169,22 +175,24 @@ def alone_html(label: str, text: str, num_tokens: int, running: bool) -> str:
 LEGEND_HTML = " ".join(
     f'<span class="tok tok-{kind}" title="{meaning}">{kind}</span>'
     for kind, meaning in (
-        ("accepted", "a draft token the target accepted"),
-        ("rejected", "a draft token the target refused (struck through, where it was proposed)"),
-        ("resampled", "the target's own token after a rejection, from norm(max(0, p - q))"),
-        ("bonus", "the extra target token after all drafts were accepted"),
+        ("accepted", "a draft token the target accepted (green, a solid underline)"),
+        ("rejected", "a draft token the target refused (red, struck through, where it was proposed)"),
+        ("resampled", "the target's own token after a rejection, from norm(max(0, p - q)) (amber, dotted underline)"),
+        ("bonus", "the extra target token after all drafts were accepted (blue, a double underline)"),
     )
 )
 
-# Translucent backgrounds and inherited text colour: readable in the light and the dark theme.
+# Translucent backgrounds and inherited text colour: readable in the light and the dark theme. Each outcome has a
+# second cue besides colour, for colour-blind readers, projectors and greyscale: accepted a solid underline, rejected a
+# strike-through, resampled a dotted underline, bonus a double one (tests/app/test_contrast.py checks WCAG AA).
 TOKEN_CSS = """
 .tokens { white-space: pre-wrap; line-height: 1.9; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
           font-size: 0.95em; overflow-wrap: anywhere; }
-.tok { color: inherit; border-radius: 3px; padding: 1px 0; }
-.tok-accepted { background: rgba(34, 160, 80, .30); }
-.tok-rejected { background: rgba(220, 50, 50, .28); text-decoration: line-through; opacity: .8; }
-.tok-resampled { background: rgba(235, 160, 20, .38); }
-.tok-bonus { background: rgba(50, 120, 230, .32); }
+.tok { color: inherit; border-radius: 3px; padding: 1px 0; background-clip: padding-box; }
+.tok-accepted { background-color: rgba(34, 160, 80, .30); border-bottom: 2px solid rgb(34, 160, 80); }
+.tok-rejected { background-color: rgba(220, 50, 50, .28); text-decoration: line-through 2px rgb(220, 50, 50); }
+.tok-resampled { background-color: rgba(235, 160, 20, .38); border-bottom: 2px dotted rgb(200, 120, 0); }
+.tok-bonus { background-color: rgba(50, 120, 230, .32); border-bottom: 4px double rgb(50, 120, 230); }
 .alone { margin-top: 0.8em; color: rgb(128, 128, 128); }
 .alone summary { cursor: pointer; font-family: sans-serif; font-size: 0.9em; }
 .round-sep { display: inline-block; width: 0; height: 1.2em; margin: 0 2px; vertical-align: middle;
@@ -195,46 +203,95 @@ TOKEN_CSS = """
 MAX_CANDIDATE_ROUNDS = 40  # the candidates view shows the latest rounds; the trace keeps them all
 
 
+@dataclass
+class _Node:
+    """A draft token in a round's tree of candidates: candidates that share a prefix share its nodes."""
+
+    span: TokenSpan
+    candidates: list[int]  # the candidates through this node (0-based)
+    children: dict[int, _Node]
+
+
+def _candidate_tree(round_: Round, decode: Decode, emitted: list[int]) -> dict[int, _Node]:
+    """The round's candidates as a prefix tree. A shared token shows the test it met: the first candidate that tested
+    it (the rule tries a token once; a later candidate with the same token waits on that test)."""
+    roots: dict[int, _Node] = {}
+    for w, candidate in enumerate(round_.candidates):
+        level, context = roots, list(emitted)
+        for j, token in enumerate(candidate.token_ids):
+            span = TokenSpan(
+                text=token_text(decode, context, token),
+                kind="accepted" if candidate.accepted[j] else "rejected",
+                round_index=round_.index,
+                token_id=token,
+                target_prob=candidate.target_probs[j],
+                draft_prob=candidate.draft_probs[j],
+                acceptance_prob=candidate.acceptance_probs[j],
+                uniform=candidate.uniforms[j] if candidate.tested[j] else None,
+                plan=plan_text(round_),
+                source=candidate.source,
+            )
+            node = level.setdefault(token, _Node(span, [], {}))
+            if node.span.uniform is None and span.uniform is not None:
+                node.span = span
+            node.candidates.append(w)
+            level, context = node.children, [*context, token]
+    return roots
+
+
+def _branches_html(level: dict[int, _Node], path: int | None) -> str:
+    """Sibling branches, the accepted path's first; each runs on until the tree branches again or ends."""
+    items = []
+    for node in sorted(level.values(), key=lambda node: path not in node.candidates):
+        chain = [node]
+        while (
+            len(chain[-1].children) == 1 and chain[-1].candidates == next(iter(chain[-1].children.values())).candidates
+        ):
+            chain.append(next(iter(chain[-1].children.values())))
+        last = chain[-1]
+        on_path = path in node.candidates
+        tokens = html_spans([n.span for n in chain], round_marks=False)
+        if last.children:
+            ends = [w for w in last.candidates if not any(w in child.candidates for child in last.children.values())]
+            inner = _branches_html(last.children, path)
+            ends_html = f"<ul>{_leaf_html('', ends, path)}</ul>" if ends else ""
+            items.append(
+                f'<li class="cand-branch{" cand-path" if on_path else ""}">{tokens}<ul>{inner}</ul>{ends_html}</li>'
+            )
+        else:
+            items.append(_leaf_html(tokens, last.candidates, path))
+    return "".join(items)
+
+
+def _leaf_html(tokens: str, candidates: list[int], path: int | None) -> str:
+    """Where candidates end: their numbers, and the accepted path marked."""
+    numbers = [str(w + 1) for w in candidates]
+    on_path = path in candidates
+    plural = "s" if len(candidates) > 1 else ""
+    mark = f"▶ accepted path {', '.join(numbers)}" if on_path else f"candidate{plural} {', '.join(numbers)}"
+    return (
+        f'<li class="cand{" cand-path" if on_path else ""}" data-candidates="{" ".join(numbers)}">{tokens}'
+        f'<span class="cand-mark">{mark}</span></li>'
+    )
+
+
 def candidates_html(rounds: Sequence[Round], decode: Decode) -> str:
-    """Each round's W candidates, one per line under the round: the accepted path first and marked, a rejected or
-    untested token struck through, every token with its p, q, min(1, p/q) and u on hover. The latest rounds only."""
+    """Each round's W candidates as a tree: a prefix they share is drawn once, branches indent under it, the accepted
+    path comes first and is marked, a rejected or untested token is struck through, and every token carries its p, q,
+    min(1, p/q) and u on hover. The latest rounds only."""
     emitted: list[int] = []
     blocks: list[str] = []
     first_shown = max(0, len(rounds) - MAX_CANDIDATE_ROUNDS)
     for number, round_ in enumerate(rounds):
         if number >= first_shown and round_.candidates:
-            lines = []
-            for w in sorted(range(len(round_.candidates)), key=lambda w: w != round_.path):
-                candidate = round_.candidates[w]
-                context, spans = list(emitted), []
-                for j, token in enumerate(candidate.token_ids):
-                    spans.append(
-                        TokenSpan(
-                            text=token_text(decode, context, token),
-                            kind="accepted" if candidate.accepted[j] else "rejected",
-                            round_index=round_.index,
-                            token_id=token,
-                            target_prob=candidate.target_probs[j],
-                            draft_prob=candidate.draft_probs[j],
-                            acceptance_prob=candidate.acceptance_probs[j],
-                            uniform=candidate.uniforms[j] if candidate.tested[j] else None,
-                            plan=plan_text(round_),
-                            source=candidate.source,
-                        )
-                    )
-                    context.append(token)
-                on_path = w == round_.path and round_.num_accepted > 0
-                mark = "▶ accepted path" if on_path else "candidate"
-                lines.append(
-                    f'<div class="cand{" cand-path" if on_path else ""}"><span class="cand-mark">{mark} {w + 1}'
-                    f"</span>{html_spans(spans, round_marks=False)}</div>"
-                )
+            path = round_.path if round_.num_accepted > 0 else None
+            tree = _branches_html(_candidate_tree(round_, decode, emitted), path)
             shared = f", shared by {round_.num_rows} rows" if round_.num_rows > 1 else ""
             next_span = _next_span(round_, decode, emitted + round_.draft_token_ids[: round_.num_accepted])
             then = f", then {next_span.kind} {html_spans([next_span], round_marks=False)}" if next_span else ""
             blocks.append(
                 f'<div class="cand-round"><div class="cand-head">round {round_.index + 1}: '
-                f"{round_.num_accepted} accepted{then}{shared}</div>{''.join(lines)}</div>"
+                f'{round_.num_accepted} accepted{then}{shared}</div><ul class="cand-tree">{tree}</ul></div>'
             )
         emitted.extend(round_.emitted_token_ids)
     if not blocks:
@@ -246,9 +303,12 @@ def candidates_html(rounds: Sequence[Round], decode: Decode) -> str:
 CANDIDATES_CSS = """
 .cand-round { margin: 4px 0 8px; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 0.9em; }
 .cand-head { opacity: .75; }
-.cand { padding-left: 1.2em; white-space: pre-wrap; overflow-wrap: anywhere; }
-.cand-path { border-left: 3px solid rgba(34, 160, 80, .8); padding-left: calc(1.2em - 3px); font-weight: 600; }
-.cand-mark { display: inline-block; min-width: 9em; opacity: .7; font-weight: normal; }
+.cand-tree, .cand-tree ul { list-style: none; margin: 0; padding-left: 1.2em; }
+.cand-tree li { white-space: pre-wrap; overflow-wrap: anywhere; }
+.cand-tree ul { border-left: 1px solid rgba(128, 128, 128, .6); margin-left: 0.4em; }
+.cand-path { font-weight: 600; }
+.cand-path > .tok:first-child { box-shadow: -3px 0 0 rgba(34, 160, 80, .8); }
+.cand-mark { margin-left: 0.8em; opacity: .7; font-weight: normal; font-size: 0.9em; }
 """
 
 

@@ -14,6 +14,7 @@ import gradio as gr
 
 from specdemo.app.form import RunRequest, parse_request
 from specdemo.app.messages import user_error
+from specdemo.app.replay import replay_record
 from specdemo.app.serving import Downloads
 from specdemo.config import check_prompt_fits
 from specdemo.core.rounds import Round
@@ -162,6 +163,7 @@ def trace_record(
         "rounds": [round_record(round_) for round_ in rounds],
         "stats": run_stats(rounds).as_dict(),
         "baseline_stats": run_stats(baseline).as_dict() if baseline else None,
+        "replay": replay_record(rounds, decode_fn(target), prompt_ids),
     }
 
 

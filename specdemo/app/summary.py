@@ -143,6 +143,31 @@ def plan_line(planned: float, comparison: Comparison | None) -> str:
     return line + f"; measured {comparison.speedup:.2f}× (the plans {planned / comparison.speedup - 1:+.0%})."
 
 
+HEADLINE_CSS = """
+.headline { display: flex; flex-wrap: wrap; gap: 0.5em 2.5em; margin: 0.3em 0; }
+.headline .big { font-size: 2.4em; font-weight: 700; line-height: 1.1; }
+.headline .cap { font-size: 0.9em; opacity: .75; }
+"""
+
+
+def headline_html(spec: RunStats | None, comparison: Comparison | None, why_no_speedup: str = "") -> str:
+    """The three numbers a run leads with: the speedup over the target alone (once it ran; else why not), tokens per
+    target pass, and α. The summary beneath explains them."""
+    if spec is None:
+        return ""
+    if comparison is not None:
+        speed, speed_caption = f"{comparison.speedup:.2f}×", "speedup over the target alone"
+    else:
+        speed, speed_caption = "…" if not why_no_speedup else "—", why_no_speedup or "speedup: after the target alone"
+    numbers = (
+        (speed, speed_caption),
+        (f"{spec.mean_tokens_per_round:.2f}", "tokens per target pass"),
+        (f"{spec.alpha:.2f}", "α: share of tested drafts accepted"),
+    )
+    cells = "".join(f'<div><div class="big">{big}</div><div class="cap">{cap}</div></div>' for big, cap in numbers)
+    return f'<div class="headline">{cells}</div>'
+
+
 def summary_markdown(
     spec: RunStats,
     num_draft_tokens: int,

@@ -39,6 +39,7 @@ def bench_app(prompts: tuple[BenchPrompt, ...] = PROMPTS[6:], max_new_tokens: in
                     "client_tokens_per_second": engine["num_generated"] / client_seconds,
                     "ratio": engine["num_generated"] / client_seconds / engine["tokens_per_second"],
                     "updates": len(updates),
+                    "replay_bytes_per_round": len(json.dumps(trace["replay"])) / max(1, len(trace["rounds"])),
                     "chart_updates_per_second": len(chart_times) / max(1e-9, chart_times[-1] - chart_times[0])
                     if len(chart_times) > 1
                     else 0.0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from specdemo.core.inspection import PositionView
 from specdemo.core.planning import Cut, Plan
 
 NextKind = Literal["resampled", "bonus"]
@@ -53,6 +54,7 @@ class Round:
     num_rows: int = 1  # rows that shared the round's passes
     plan: Plan | None = None  # a cost-aware drafter's choice of how much to draft, with what it expected
     cut: Cut | None = None  # the draft cut for a pass shared with other rows
+    views: tuple[PositionView, ...] = ()  # p, q and the residual at each tested position of the path (the inspector)
 
     @property
     def emitted_token_ids(self) -> list[int]:

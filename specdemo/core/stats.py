@@ -142,6 +142,7 @@ def round_record(round_: Round) -> dict:
         "candidates": [asdict(candidate) for candidate in round_.candidates],
         "plan": None if round_.plan is None else {**asdict(round_.plan), "says": round_.plan.describe()},
         "cut": None if round_.cut is None else {**asdict(round_.cut), "says": round_.cut.describe()},
+        "views": [asdict(view) for view in round_.views],
     }
 
 

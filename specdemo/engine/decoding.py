@@ -13,6 +13,7 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.inspection import PositionView, path_views
 from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, Round
 from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs
@@ -191,6 +192,24 @@ def _trace(verdict: CandidateVerdict, b: int, draft: Draft) -> tuple[CandidateTr
     )
 
 
+def _views(
+    row_inputs: tuple[torch.Tensor, ...],  # what _row_tensors gave the rule for this row
+    candidates: tuple[CandidateTrace, ...],
+    path: int,
+    num_accepted: int,
+    next_id: int | None,  # the emitted resampled or bonus token (whole vocabulary)
+) -> tuple[PositionView, ...]:
+    """The inspector's p, q and residual along the accepted path, from the tensors the rule itself decided with."""
+    local_ids, _, draft_probs, target_probs, _, vocab = row_inputs  # in the rule's vocabulary (V' or all V)
+    tried = [w for w, c in enumerate(candidates) if num_accepted < len(c.tested) and c.tested[num_accepted]]
+    next_local = next_id
+    if next_id is not None and len(vocab):
+        next_local = int(torch.searchsorted(vocab, torch.tensor([next_id], device=vocab.device)))
+    drafted = local_ids[path, : len(candidates[path].token_ids) if candidates else 0].tolist()
+    compact = vocab if len(vocab) else None
+    return path_views(target_probs[path], draft_probs, path, drafted, num_accepted, tried, next_local, compact)
+
+
 class BatchDecoder:
     """Decodes a batch of rows with one drafter and one target pass per round for all of them.
 
@@ -275,7 +294,7 @@ class BatchDecoder:
         outcomes: list[tuple[Hashable, Round | Exception]] = []
         for b, (key, row, draft, cut) in enumerate(zip(keys, rows, drafts, cuts, strict=True)):
             try:
-                outcomes.append((key, self._finish_round(b, key, row, draft, cut, verdict, timings)))
+                outcomes.append((key, self._finish_round(b, key, row, draft, cut, verdict, inputs[b], timings)))
             except Exception as error:
                 failed[key] = error
         for key in failed:
@@ -310,6 +329,7 @@ class BatchDecoder:
         draft: Draft,
         cut: Cut | None,
         verdict: CandidateVerdict,
+        row_inputs: tuple[torch.Tensor, ...],  # what _row_tensors gave the rule for this row
         timings: dict[str, float | int],
     ) -> Round:
         """Row b's Round from the verdict; the row grows by its emitted tokens and leaves when it is done."""
@@ -319,6 +339,8 @@ class BatchDecoder:
         emitted = [*chosen.token_ids[:accepted], int(verdict.next_token_ids[b])]
         emitted = emitted[: _eos_cut(emitted, self.eos_token_ids)]
         has_next = len(emitted) > accepted  # False after an accepted EOS: no bonus token follows it
+        next_id = int(verdict.next_token_ids[b]) if has_next else None
+        views = _views(row_inputs, candidates, path, accepted, next_id)
         tested_at_end = bool(verdict.tested[b, :, accepted].any()) if accepted < verdict.tested.shape[2] else False
         round_ = Round(
             index=row.num_rounds,
@@ -337,6 +359,7 @@ class BatchDecoder:
             path=path,
             plan=draft.plan,
             cut=cut,
+            views=views,
             **timings,
         )
         if self.verifier.keep_hidden_states:  # where the next token's logits were read

@@ -86,6 +86,7 @@ def test_a_run_streams_growing_tokens_and_ends_with_every_output(client):
     assert not summary.endswith("…*")
     assert all(chart is not None and "plot" in str(chart) for chart in charts)
     assert trace and trace["value"].endswith(".json")
+    assert "speedup over the target alone" in final[8] and "tokens per target pass" in final[8]  # the headline
 
 
 def test_the_api_names_every_setting_and_defaults_all_but_the_prompt(client):

@@ -228,10 +228,11 @@ def test_a_run_with_three_candidates_shows_each_rounds_candidates(browser, app):
     page.click("#run")
     page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
     page.wait_for_selector("#candidates .cand-round")
-    counts = page.eval_on_selector_all(
-        "#candidates .cand-round", "rounds => rounds.map(r => r.querySelectorAll('.cand').length)"
+    ends = page.eval_on_selector_all(  # each leaf of a round's tree names the candidates that end there
+        "#candidates .cand-round",
+        "rounds => rounds.map(r => [...r.querySelectorAll('.cand')].map(l => l.dataset.candidates).join(' '))",
     )
-    assert counts and all(count == 3 for count in counts), counts  # three sampled beams in every round
+    assert ends and all(sorted(end.split()) == ["1", "2", "3"] for end in ends), ends  # three beams every round
     assert page.locator("#candidates .cand-path").count() > 0  # the accepted path is marked
     title = page.get_attribute("#candidates .cand .tok", "title")
     assert "target p =" in title and "draft q =" in title and "min(1, p/q)" in title
@@ -265,4 +266,104 @@ def test_the_hybrid_pair_names_who_proposed_each_token(browser, app):
     titles = run_with_pair(page, "suffix copy and recurrent drafter", "trained head", prompt, max_new_tokens=48)
     assert any("proposed by the recurrent head" in t for t in titles), titles[:5]
     page.screenshot(path=str(ARTIFACTS / "hybrid-light.png"), full_page=True)
+    page.close()
+
+
+def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app):
+    """Five rounds of a sampled run, one sentence each, give the run's own tokens; a rejected token and a resampled one
+    open the inspector with p, q, the residual and u drawn."""
+    page = open_page(browser, app)
+    page.get_by_text("Explain why the sky is blue", exact=False).first.click()  # the teaching pair, T = 0.7
+    page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')")
+    page.locator("#max-new-tokens input[type=number]").fill("40")
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.get_by_label("Then run the target alone, to compare").uncheck()  # the steps are the speculative run's
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#headline')?.innerText.includes('not measured')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#round-sentence')?.innerText.startsWith('Round 1 of')")
+    sentences = [page.inner_text("#round-sentence")]
+    for step in range(2, 6):
+        if step == 3:
+            page.locator("body").press("n")  # the keyboard shortcut
+        else:
+            page.click("#next-round")
+        page.wait_for_function(f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {step} of')")
+        sentences.append(page.inner_text("#round-sentence"))
+    assert all(re.match(r"Round \d+ of \d+\. (The draft proposed|Nothing was drafted)", s) for s in sentences)
+    kept = "els => els.filter(e => !e.classList.contains('tok-rejected')).map(e => e.textContent).join('')"
+    stepped = page.eval_on_selector_all("#step-tokens .tok", kept)
+    assert stepped and page.eval_on_selector_all("#tokens .tok", kept).startswith(stepped)
+    total = re.match(r"Round 5 of (\d+)", sentences[-1]).group(1)
+    page.fill("#replay input[type=number]", total)  # the slider's end: the whole run
+    page.locator("#replay input[type=number]").press("Enter")
+    page.wait_for_function(f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {total} of')")
+    page.locator("#step-tokens .tok-rejected[data-r]").first.click()
+    page.wait_for_selector("#inspector .js-plotly-plot .main-svg", timeout=30_000)
+    page.wait_for_function("document.querySelector('#inspector-note')?.innerText.includes('rejected')")
+    legend = page.inner_text("#inspector")
+    assert "target p" in legend and "draft q" in legend and "residual" in legend and "u = " in legend
+    page.locator("#inspector").scroll_into_view_if_needed()
+    screenshot_light_and_dark(page, "inspector-rejection")
+    page.locator("#step-tokens .tok-resampled[data-r]").first.click()
+    page.wait_for_function("document.querySelector('#inspector-note')?.innerText.includes('drawn from the residual')")
+    page.evaluate("document.documentElement.style.filter = 'grayscale(1)'")
+    page.locator("#tokens").screenshot(path=str(ARTIFACTS / "tokens-greyscale.png"))
+    page.close()
+
+
+def test_the_token_colours_read_in_greyscale_and_the_themes_are_those_measured(browser, app):
+    """The legend's four outcomes differ by a line besides their colour (so a greyscale page still tells them apart),
+    and the theme colours tests/app/test_contrast.py computes with are the page's."""
+    from tests.app.test_contrast import THEMES
+
+    for theme, (text, background) in THEMES.items():
+        page = open_page(browser, app, theme=theme)
+        seen = page.evaluate(
+            """() => { let e = document.querySelector('#tokens'); const text = getComputedStyle(e).color;
+            while (getComputedStyle(e).backgroundColor === 'rgba(0, 0, 0, 0)') e = e.parentElement;
+            return [text, getComputedStyle(e).backgroundColor]; }"""
+        )
+        assert seen == [f"rgb{text}", f"rgb{background}"]
+        cues = page.eval_on_selector_all(
+            "#header .tok",
+            "spans => spans.map(s => { const c = getComputedStyle(s); "
+            "return [c.borderBottomStyle, c.borderBottomWidth, c.textDecorationLine].join(' '); })",
+        )
+        assert len(set(cues)) == 4, cues
+        page.evaluate("document.documentElement.style.filter = 'grayscale(1)'")
+        page.locator("#header").screenshot(path=str(ARTIFACTS / f"legend-greyscale-{theme}.png"))
+        page.close()
+
+
+def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(browser, app):
+    """Copy link gives a link that, opened, restores the form and re-runs it: the same tokens and the same α line; a
+    link with a bad and an unknown parameter opens with a note naming them; ?view=present hides the settings."""
+    from urllib.parse import quote
+
+    page = open_page(browser, app)
+    tokens = "els => els.map(e => e.className + ':' + e.textContent).join('|')"
+    query = f"prompt={quote('Explain why the sky is blue.')}&pair=smollm2-135m-self&temperature=0.7&seed=3"
+    page.goto(f"{app}?{query}&max_new_tokens=24&compare=false&run=1", wait_until="domcontentloaded")
+    page.wait_for_function("document.querySelector('#link-note')?.innerText.includes('re-running it')")
+    done = "document.querySelector('#headline')?.innerText.includes('not measured')"
+    page.wait_for_function(done, timeout=120_000)
+    first, alpha = page.eval_on_selector_all("#tokens .tok", tokens), page.inner_text("#summary").split("α = ")[1][:60]
+    page.click("#copy-link")
+    page.wait_for_function("document.querySelector('#share-link textarea')?.value.includes('seed=3')")
+    link = page.input_value("#share-link textarea")
+    assert "max_new_tokens=24" in link and "pair=smollm2-135m-self" in link and "compare=false" in link
+    again = browser.new_page(viewport={"width": 1400, "height": 1300})
+    again.goto(link, wait_until="domcontentloaded")
+    again.wait_for_function(done, timeout=120_000)
+    assert again.eval_on_selector_all("#tokens .tok", tokens) == first
+    assert again.inner_text("#summary").split("α = ")[1][:60] == alpha
+    again.goto(f"{app}?temperature=hot&colour=red&view=present", wait_until="domcontentloaded")
+    again.wait_for_function("document.querySelector('#link-note')?.innerText.includes('Left out')")
+    note = again.inner_text("#link-note")
+    assert "temperature='hot'" in note and "'colour': the page has no such setting" in note
+    assert again.evaluate("document.body.classList.contains('present')")
+    assert not again.locator("#settings-column").is_visible()
+    again.close()
+    page.evaluate("document.body.classList.add('present')")  # the run as the presenter view shows it
+    page.screenshot(path=str(ARTIFACTS / "presenter.png"), full_page=True)
     page.close()

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specdemo.app.render import ANSI_STYLES, MAX_CANDIDATE_ROUNDS, ansi_text, candidates_html, html_spans, token_spans
-from specdemo.app.summary import Divergence, first_difference, greedy_check, sharing_note, summary_markdown
+from specdemo.app.summary import (
+    Divergence,
+    first_difference,
+    greedy_check,
+    headline_html,
+    sharing_note,
+    summary_markdown,
+)
 from specdemo.core.rounds import CandidateTrace
 from specdemo.core.stats import Comparison, compare_runs, run_stats
 from tests.helpers import make_round
@@ -122,7 +129,7 @@ def round_with_candidates(index: int, num_rows: int = 1):
 
 def test_candidates_show_the_accepted_path_first_and_every_test():
     html_text = candidates_html([round_with_candidates(0)], decode)
-    assert html_text.count('<div class="cand"') + html_text.count('<div class="cand cand-path"') == 2
+    assert html_text.count('<li class="cand"') + html_text.count('<li class="cand cand-path"') == 2
     path_start, other_start = html_text.index("cand-path"), html_text.index("candidate 1")
     assert path_start < other_start, "the accepted path comes first"
     assert "accepted path 2" in html_text and "then bonus" in html_text
@@ -130,6 +137,24 @@ def test_candidates_show_the_accepted_path_first_and_every_test():
     assert "draft q = 0.4000" in html_text and "uniform draw u = 0.7000" in html_text
     assert "not tested" in html_text  # candidate 1's second token was never tested
     assert "round-sep" not in html_text
+
+
+def test_candidates_that_share_a_prefix_share_its_tokens_in_a_tree():
+    """Candidates [the cat sat], [the cat on] and [the a], as the rule tries them: candidate 1 accepts ' the' and
+    ' cat' and is rejected at ' sat'; candidate 2 meets its first test at ' on'; candidate 3 is never tested."""
+    first = CandidateTrace([1, 2, 3], [0.9, 0.8, 0.1], [0.5, 0.5, 0.5], [1.0, 1.0, 0.2], [0.1, 0.2, 0.9],
+                           [True, True, True], [True, True, False])  # fmt: skip
+    second = CandidateTrace([1, 2, 4], [0.9, 0.8, 0.0], [0.5, 0.5, 0.5], [1.0, 1.0, 0.0], [0.3, 0.4, 0.5],
+                            [False, False, True], [False, False, False])  # fmt: skip
+    third = CandidateTrace([1, 5], [0.9, 0.1], [0.5, 0.5], [1.0, 0.2], [0.6, 0.7], [False, False], [False, False])
+    round_ = replace(make_round(0, [1, 2, 3], 2, "resampled", 0.1), candidates=(first, second, third), path=0)
+    html_text = candidates_html([round_], decode)
+    assert html_text.count("> the<") == 1 and html_text.count("> cat<") == 1  # shared tokens are drawn once
+    leaves = [part.split('"')[0] for part in html_text.split('data-candidates="')[1:]]
+    assert leaves == ["1", "2", "3"]  # the accepted path first, then in the order they were tried
+    assert "accepted path 1" in html_text and "candidate 2" in html_text and "candidate 3" in html_text
+    assert "uniform draw u = 0.1000" in html_text and "uniform draw u = 0.3000" not in html_text  # the test it met
+    assert html_text.count("tok tok-accepted") == 2 and html_text.count("tok tok-rejected") == 3
 
 
 def test_candidates_keep_the_latest_rounds_and_say_where_the_rest_are():
@@ -146,3 +171,15 @@ def test_no_speedup_is_claimed_for_shared_passes():
     note = sharing_note(shared + alone, alone)
     assert "No speedup shown" in note and "1 of 5 speculative rounds" in note and "up to 3 rows" in note
     assert "1 of 1 target-alone rounds" in sharing_note(alone, shared)  # the baseline shared, the run did not
+
+
+def test_the_headline_leads_with_the_speedup_tokens_per_pass_and_alpha():
+    spec_rounds = [make_round(0, [1, 2, 3], 3, "bonus", 0.2), make_round(1, [1, 2], 1, "resampled", 0.2)]
+    base_rounds = [make_round(i, [], 0, "bonus", 0.1) for i in range(6)]
+    spec, comparison = run_stats(spec_rounds), compare_runs(spec_rounds, base_rounds, 3)
+    headline = headline_html(spec, comparison)
+    assert f"{comparison.speedup:.2f}×" in headline and f"{spec.mean_tokens_per_round:.2f}" in headline
+    assert f">{spec.alpha:.2f}<" in headline and headline.count('class="big"') == 3
+    assert ">…<" in headline_html(spec, None)  # while it streams
+    assert ">—<" in headline_html(spec, None, "not measured: the comparison was off")
+    assert headline_html(None, None) == ""

@@ -1,0 +1,93 @@
+"""Pure: one plain sentence per round, for stepping through a run in front of an audience: what was proposed, what the
+target accepted and why, where it refused and what it drew instead."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specdemo.app.render import Decode, token_text
+from specdemo.core.rounds import Round
+
+NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def _count(n: int, noun: str) -> str:
+    word = NUMBER_WORDS[n] if n < len(NUMBER_WORDS) else str(n)
+    return f"{word} {noun}{'s' if n != 1 else ''}"
+
+
+def _listing(items: Sequence[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _why_accepted(acceptance_prob: float, uniform: float) -> str:
+    return "p ≥ q" if acceptance_prob >= 1.0 else f"u = {uniform:.2f} < p/q = {acceptance_prob:.2f}"
+
+
+def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int]) -> str:
+    """What happened in `round_`, decoded after `context_ids` (the prompt's tail and the tokens emitted before it), e.g.
+    "The draft proposed 5 tokens. The target accepted ' the' and ' cat' (p ≥ q), rejected ' sat' (p/q = 0.21 <
+    u = 0.64), and drew ' ran' from what the draft under-weighted, max(0, p − q)." p and q are the target's and the
+    draft's probabilities of a drafted token; a token is accepted when u < min(1, p/q)."""
+    context = list(context_ids)
+    drafted = round_.draft_token_ids
+    texts = []
+    for token in drafted:
+        texts.append(repr(token_text(decode, context, token)))
+        context.append(token)
+    accepted = [
+        f"{texts[i]} ({_why_accepted(round_.acceptance_probs[i], round_.uniforms[i])})"
+        for i in range(round_.num_accepted)
+    ]
+    next_text = None
+    if round_.next_token_id is not None:
+        next_text = repr(token_text(decode, [*context_ids, *drafted[: round_.num_accepted]], round_.next_token_id))
+    width = len(round_.candidates)
+    if not drafted:
+        offered = round_.plan.available_tokens if round_.plan is not None else 0
+        why = (
+            f"The drafter had {_count(offered, 'token')} to offer but expected drafting to lose here, so nothing was "
+            "drafted."
+            if offered
+            else "Nothing was drafted: the drafter had nothing to propose."
+        )
+        took = f" and drew {next_text} from its own p" if next_text else ", and the run ended"
+        return f"{why} The target took one plain step{took}."
+    proposed = f"The draft proposed {_count(len(drafted), 'token')}."
+    if width > 1:
+        proposed = (
+            f"The drafter proposed {_count(width, 'candidate')}; the target followed candidate {round_.path + 1}, "
+            f"which proposed {_count(len(drafted), 'token')}."
+        )
+    parts = []
+    if accepted:
+        parts.append(f"accepted {_listing(accepted)}")
+    if round_.num_accepted < len(drafted):
+        i = round_.num_accepted
+        p, ratio, u = round_.target_probs[i], round_.acceptance_probs[i], round_.uniforms[i]
+        why = "p = 0: the target would never pick it" if p == 0 else f"p/q = {ratio:.2f} < u = {u:.2f}"
+        parts.append(f"rejected {texts[i]} ({why})")
+        untested = len(drafted) - i - 1
+        if next_text:
+            parts.append(f"drew {next_text} from what the draft under-weighted, max(0, p − q)")
+        sentence = f"{proposed} The target {_listing(parts)}."
+        if untested:
+            sentence += f" The {_count(untested, 'draft')} after it {'was' if untested == 1 else 'were'} never tested."
+        return sentence
+    if next_text is None:
+        return f"{proposed} The target {_listing(parts)}, and the run ended at the end-of-text token."
+    everything = "all of them" if len(drafted) > 1 else "it"
+    return (
+        f"{proposed} The target accepted {everything}: {_listing(accepted)}, and the same pass gave the bonus token "
+        f"{next_text} from its own p."
+    )
+
+
+def round_sentences(rounds: Sequence[Round], decode: Decode, prompt_ids: Sequence[int]) -> list[str]:
+    """Every round's sentence, each decoded after what came before it."""
+    sentences, context = [], list(prompt_ids)
+    for round_ in rounds:
+        sentences.append(round_sentence(round_, decode, context))
+        context.extend(round_.emitted_token_ids)
+    return sentences

@@ -1,0 +1,176 @@
+"""Pure: a run as a replay record (plain JSON, kept in the downloaded trace) that the page steps through round by round
+with no model: each round's tokens, its sentence, and at each tested position the target's p, the draft's q and the
+residual over their top tokens, decoded; and the inspector's figure of one position."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import plotly.graph_objects as go
+
+from specdemo.app.narrate import round_sentence
+from specdemo.app.plots import COLOURS, plain_figure
+from specdemo.app.render import Decode, TokenSpan, html_spans, round_spans, token_text
+from specdemo.core.rounds import Round
+
+REPLAY_FORMAT = 1  # bumped when the record's shape changes; a trace of another format is refused in one sentence
+
+
+def _view_record(round_: Round, position: int, decode: Decode, context: list[int]) -> dict:
+    """Position `position` of the round's path: its PositionView with each token's text, and how it was decided."""
+    view = round_.views[position]
+    drafted = round_.draft_token_ids[position] if position < len(round_.draft_token_ids) else None
+    drawn = round_.next_token_id if position == round_.num_accepted else None
+    record = asdict(view)
+    record["labels"] = [token_text(decode, context, token) for token in view.token_ids]
+    record["drafted"] = None if drafted is None else token_text(decode, context, drafted)
+    record["drafted_index"] = view.token_ids.index(drafted) if drafted in view.token_ids else None
+    record["drawn"] = None if drawn is None else token_text(decode, context, drawn)
+    record["drawn_index"] = view.token_ids.index(drawn) if drawn in view.token_ids else None
+    record["ratio"] = round_.acceptance_probs[position] if drafted is not None else None
+    record["u"] = round_.uniforms[position] if drafted is not None else None
+    record["accepted"] = position < round_.num_accepted
+    record["next_kind"] = round_.next_kind if drawn is not None else None
+    record["step"] = "test" if drafted is not None else ("bonus" if round_.draft_token_ids else "plain")
+    return record
+
+
+def replay_record(rounds: Sequence[Round], decode: Decode, prompt_ids: Sequence[int]) -> dict:
+    """Everything the step view and the inspector show of a run, decoded once."""
+    emitted: list[int] = []
+    context = list(prompt_ids)
+    records = []
+    for round_ in rounds:
+        sentence = round_sentence(round_, decode, context)
+        views = [
+            _view_record(round_, position, decode, [*context, *round_.draft_token_ids[:position]])
+            for position in range(len(round_.views))
+        ]
+        spans = [asdict(span) for span in round_spans(round_, decode, emitted)]
+        records.append({"sentence": sentence, "spans": spans, "views": views})
+        context.extend(round_.emitted_token_ids)
+    return {"format": REPLAY_FORMAT, "rounds": records}
+
+
+def check_replay(record: object) -> dict:
+    """A replay record read from a trace file, or a ValueError in one sentence saying what is wrong with it."""
+    if not isinstance(record, dict) or "rounds" not in record:
+        raise ValueError("This file has no rounds to replay: upload a trace downloaded from specdemo after a run.")
+    if record.get("format") != REPLAY_FORMAT:
+        raise ValueError(
+            f"This trace was written by another version of specdemo (replay format {record.get('format')!r}, this one "
+            f"reads {REPLAY_FORMAT}): run it again here and download a new trace."
+        )
+    rounds = record["rounds"]
+    if not isinstance(rounds, list) or not rounds:
+        raise ValueError("This trace has no rounds to replay: the run decoded nothing.")
+    try:
+        for round_ in rounds:
+            [TokenSpan(**span) for span in round_["spans"]]
+            assert isinstance(round_["sentence"], str) and isinstance(round_["views"], list)
+    except (TypeError, KeyError, AssertionError) as error:
+        raise ValueError(f"This trace's rounds are damaged ({error.__class__.__name__}): download it again.") from error
+    return record
+
+
+def step_html(record: dict, upto: int) -> str:
+    """The tokens of rounds 1 .. `upto`, the last of them outlined; each token can be clicked for the inspector."""
+    pieces = []
+    for number, round_ in enumerate(record["rounds"][:upto], start=1):
+        spans = html_spans([TokenSpan(**span) for span in round_["spans"]], clickable=True)
+        pieces.append(f'<span class="step-current">{spans}</span>' if number == upto else spans)
+    return "".join(pieces)
+
+
+def step_sentence(record: dict, upto: int) -> str:
+    """'Round 3 of 12: <its sentence>', or how to begin."""
+    total = len(record["rounds"])
+    if upto <= 0:
+        return f"The run has {total} rounds: press **Next round** (or the N key) to step through them."
+    return f"**Round {upto} of {total}.** {html.escape(record['rounds'][upto - 1]['sentence'], quote=False)}"
+
+
+def _acceptance_line(view: dict) -> list[dict]:
+    """The test of the drafted token on [0, 1]: accepted when u falls under min(1, p/q)."""
+    ratio, u = view["ratio"], view["u"]
+    return [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "x": [ratio],
+            "y": ["test"],
+            "name": f"accept if u < min(1, p/q) = {ratio:.2f}",
+            "marker": {"color": COLOURS["accepted"], "opacity": 0.45},
+            "xaxis": "x2",
+            "yaxis": "y2",
+            "width": 0.6,
+        },
+        {
+            "type": "scatter",
+            "mode": "markers+text",
+            "x": [u],
+            "y": ["test"],
+            "name": f"u = {u:.2f}",
+            "text": [f"u = {u:.2f}"],
+            "textposition": "top center",
+            "marker": {"symbol": "line-ns-open", "size": 22, "line": {"width": 3}, "color": "rgb(128,128,128)"},
+            "xaxis": "x2",
+            "yaxis": "y2",
+        },
+    ]
+
+
+def inspector_figure(view: dict, title: str) -> go.Figure:
+    """Paired bars of p and q over the position's top tokens (the rest lumped), the residual where the next token came
+    from it, the drafted and the drawn token marked, and the drafted token's test as u against min(1, p/q)."""
+    labels = [repr(label)[1:-1] or "∅" for label in view["labels"]] + ["(all others)"]
+    names = {"drafted_index": "drafted", "drawn_index": "drawn"}
+    for key, mark in names.items():
+        if view.get(key) is not None:
+            labels[view[key]] = f"{labels[view[key]]} ({mark})"
+    bars = [
+        ("target p", view["target"] + [view["target_rest"]], COLOURS["verify"]),
+        ("draft q", view["draft"] + [view["draft_rest"]], COLOURS["draft"]),
+    ]
+    if view["residual"]:
+        bars.append(("residual norm(max(0, p − q))", view["residual"] + [view["residual_rest"]], COLOURS["resampled"]))
+    traces = [
+        {"type": "bar", "x": labels, "y": values, "name": name, "marker": {"color": colour}}
+        for name, values, colour in bars
+    ]
+    layout = {
+        "barmode": "group",
+        "height": 380,
+        "yaxis": {"domain": [0.32, 1.0], "range": [0, 1], "title": {"text": "probability"}},
+        "xaxis": {"tickangle": -30, "automargin": True},
+        "legend": {"orientation": "h", "y": -0.5, "x": 0, "xanchor": "left", "yanchor": "top"},
+        "margin": {"l": 50, "r": 10, "t": 40, "b": 10},
+    }
+    if view.get("ratio") is not None and view.get("u") is not None:
+        traces += _acceptance_line(view)
+        layout["xaxis2"] = {
+            "domain": [0, 1],
+            "range": [0, 1],
+            "anchor": "y2",
+            "title": {"text": "u against min(1, p/q)"},
+        }
+        layout["yaxis2"] = {"domain": [0.0, 0.1], "anchor": "x2", "showticklabels": False}
+        layout["yaxis"]["domain"] = [0.42, 1.0]
+    return plain_figure(traces, title, layout)
+
+
+def view_title(view: dict, round_number: int, position: int) -> str:
+    """What the inspector shows, in words: the position and how its token was decided."""
+    where = f"Round {round_number}, draft position {position + 1}"
+    if view["step"] == "plain":
+        return f"Round {round_number}: nothing drafted; the target drew {view['drawn']!r} from its p"
+    if view["step"] == "bonus":
+        return f"{where}: every draft accepted; the bonus {view['drawn']!r} drawn from the target's p"
+    verdict = "accepted" if view["accepted"] else "rejected"
+    test = f"u = {view['u']:.2f} {'<' if view['accepted'] else '≥'} min(1, p/q) = {view['ratio']:.2f}"
+    title = f"{where}: {view['drafted']!r} {verdict} ({test})"
+    if view["drawn"] is not None and not view["accepted"]:
+        title += f"; {view['drawn']!r} drawn from the residual"
+    return title

@@ -1,0 +1,84 @@
+"""A run as a link: the form's settings and seed in the URL's query (?prompt=...&pair=...&seed=3&run=1), read back
+when the page opens, each parameter checked as /generate checks it; a bad or unknown one is left out with a note."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from specdemo.app.form import RUN_FIELDS, by_name, defaults, parse_request
+from specdemo.pairs import PAIRS
+
+PAGE_PARAMETERS = ("__theme", "view", "run")  # the page's own: the theme, the presenter view, re-running on open
+CHEAP_NEW_TOKENS = 256  # a shared link re-runs on open when its pair is offline and it decodes at most this many
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _value(name: str, text: str) -> Any:
+    """A query parameter's text as its control holds it: a number, a flag, or text."""
+    control = by_name(RUN_FIELDS, name).control
+    if control in ("slider", "number"):
+        return float(text)
+    if control == "checkbox":
+        if text.lower() not in TRUE + FALSE:
+            raise ValueError(f"{name} must be one of {', '.join(TRUE + FALSE)}, got {text!r}.")
+        return text.lower() in TRUE
+    return text
+
+
+def form_from_query(query: Mapping[str, str]) -> tuple[str | None, dict[str, Any], list[str]]:
+    """The prompt (None when absent or refused), the settings the query sets (each one checked with the rest at
+    their defaults, then all together), and a sentence for each parameter left out."""
+    names = {spec.name for spec in RUN_FIELDS}
+    notes: list[str] = []
+    prompt, values = None, {}
+    for name, text in query.items():
+        if name in PAGE_PARAMETERS:
+            continue
+        if name != "prompt" and name not in names:
+            notes.append(f"Left out {name!r}: the page has no such setting.")
+            continue
+        try:
+            if name == "prompt":
+                parse_request(text, defaults())
+                prompt = text
+            else:
+                value = _value(name, text)
+                parse_request("x", defaults(**{name: value}))
+                values[name] = value
+        except ValueError as error:
+            notes.append(f"Left out {name}={text[:40]!r}: {error}")
+    try:
+        parse_request(prompt or "x", defaults(**values))
+    except ValueError as error:  # each was fine alone, not together (e.g. a custom pair's ids)
+        notes.append(f"Left out the link's settings: {error}")
+        values = {}
+    return prompt, values, notes
+
+
+def runs_on_open(query: Mapping[str, str], prompt: str | None, values: Mapping[str, Any]) -> bool:
+    """Whether opening the link re-runs it: asked for (run=1), a prompt, an offline pair, a short run."""
+    pair = next((p for p in PAIRS if p.key == values.get("pair", defaults()["pair"])), None)
+    short = values.get("max_new_tokens", defaults()["max_new_tokens"]) <= CHEAP_NEW_TOKENS
+    return query.get("run") == "1" and prompt is not None and pair is not None and not pair.needs_hub and short
+
+
+def link_js() -> str:
+    """The Copy link button's script: the form's values (prompt first, then RUN_FIELDS' order) as a link to this page
+    that re-runs on open, written to the clipboard where the browser allows and returned for the link box."""
+    keys = json.dumps(["prompt", *(spec.name for spec in RUN_FIELDS)])
+    default = json.dumps({name: value for name, value in defaults().items() if value is not None}, default=str)
+    return f"""(...values) => {{
+  const keys = {keys}, defaults = {default};
+  const query = new URLSearchParams();
+  keys.forEach((key, i) => {{
+    const value = values[i];
+    if (value === null || value === undefined || value === '' || String(value) === String(defaults[key])) return;
+    query.set(key, String(value));
+  }});
+  query.set('run', '1');
+  const link = location.origin + location.pathname + '?' + query.toString();
+  navigator.clipboard?.writeText(link).catch(() => {{}});
+  return link;
+}}"""

@@ -1,0 +1,136 @@
+"""Step through a run: after each run (or from a downloaded trace) the page replays it round by round, a sentence per
+round, and a click on any token opens the inspector: p, q, the residual and u as bars, from the run's own trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gradio as gr
+
+from specdemo.app.messages import user_error
+from specdemo.app.replay import check_replay, inspector_figure, step_html, step_sentence, view_title
+
+MAX_TRACE_BYTES = 20_000_000  # a 512-token run's trace is about 1 MB
+START = "Run, then step through it here round by round, or replay a trace you downloaded."
+# Clicks on tokens (delegated, so tokens streamed in later count too) and the N key (outside text fields).
+INSPECT_JS = """
+element.addEventListener('click', (event) => {
+  const token = event.target.closest('.tok[data-r]');
+  if (token) trigger('inspect', {round: Number(token.dataset.r), position: Number(token.dataset.p)});
+});
+if (!window.specdemoStepKeys) {
+  window.specdemoStepKeys = true;
+  document.addEventListener('keydown', (event) => {
+    const typing = event.target.closest('input, textarea, [contenteditable="true"]');
+    if (!typing && !event.ctrlKey && !event.metaKey && !event.altKey && event.key.toLowerCase() === 'n') {
+      document.querySelector('#next-round')?.click();
+    }
+  });
+}
+"""
+STEP_CSS = """
+.step-current .tok { outline: 2px solid rgba(128, 128, 128, .9); outline-offset: 1px; }
+.tok[data-r] { cursor: pointer; }
+"""
+
+
+def build(trace: gr.DownloadButton, tokens: gr.HTML, runs: list, theme_css: str) -> None:
+    """The step view under the run's outputs; `runs` are the run events, each of which refreshes it when it ends."""
+    record = gr.State(None)
+    with gr.Accordion("Step through the run, and inspect any token", open=True, elem_id="step"):
+        with gr.Row(equal_height=True):
+            next_round = gr.Button("Next round ▶ (N)", elem_id="next-round", scale=0, min_width=180)
+            replay = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="replay", interactive=True)
+            upload = gr.UploadButton(
+                "Replay a trace file", file_types=[".json"], elem_id="replay-upload", scale=0, min_width=180
+            )
+        sentence = gr.Markdown(START, elem_id="round-sentence")
+        step_tokens = gr.HTML(
+            "", css_template=theme_css + STEP_CSS, elem_id="step-tokens", js_on_load=INSPECT_JS, min_height=40
+        )
+        note = gr.Markdown("Click a token above or in the run to inspect it.", elem_id="inspector-note")
+        inspector = gr.Plot(elem_id="inspector", show_label=False, visible=False)
+    shown = [record, replay, sentence, step_tokens, note, inspector]
+    for run in runs:
+        run.success(from_trace, inputs=trace, outputs=shown, api_visibility="private")
+    upload.upload(from_upload, inputs=upload, outputs=shown, api_visibility="private")
+    replay.change(show_round, inputs=[record, replay], outputs=[sentence, step_tokens], api_visibility="private")
+    next_round.click(next_step, inputs=[record, replay], outputs=[replay, sentence], api_visibility="private")
+    for source in (step_tokens, tokens):
+        source.inspect(inspect_token, inputs=record, outputs=[note, inspector], api_visibility="private")
+
+
+def _loaded(record: dict) -> tuple:
+    total = len(record["rounds"])
+    first = min(1, total)
+    return (
+        record,
+        gr.update(minimum=0, maximum=total, value=first),
+        step_sentence(record, first),
+        step_html(record, first),
+        "Click a token above or in the run to inspect it.",
+        gr.update(visible=False),
+    )
+
+
+def from_trace(path: str | None) -> tuple:
+    """The finished run's replay, from the trace it just wrote."""
+    if not path:
+        return tuple(gr.skip() for _ in range(6))
+    return _loaded(check_replay(json.loads(Path(path).read_text()).get("replay")))
+
+
+def from_upload(path: str | None) -> tuple:
+    """A downloaded trace to replay; a file too large, not JSON, or from another version is refused in a sentence."""
+    if not path:
+        return tuple(gr.skip() for _ in range(6))
+    size = Path(path).stat().st_size
+    if size > MAX_TRACE_BYTES:
+        raise user_error(
+            f"This file is {size / 1e6:.0f} MB, more than the {MAX_TRACE_BYTES / 1e6:.0f} MB a trace may be: upload "
+            "a trace downloaded from specdemo."
+        )
+    try:
+        trace = json.loads(Path(path).read_bytes())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise user_error("This file is not JSON: upload a trace downloaded from specdemo after a run.") from error
+    try:
+        return _loaded(check_replay(trace.get("replay") if isinstance(trace, dict) else None))
+    except ValueError as error:
+        raise user_error(str(error)) from error
+
+
+def show_round(record: dict | None, upto: float) -> tuple[str, str]:
+    if record is None:
+        return START, ""
+    upto = max(0, min(int(upto), len(record["rounds"])))
+    return step_sentence(record, upto), step_html(record, upto)
+
+
+def next_step(record: dict | None, upto: float) -> tuple:
+    """One round more; past the last, a sentence and nothing else changes."""
+    if record is None:
+        return gr.skip(), "Nothing to step through yet: press **Run** first, or replay a trace file."
+    total = len(record["rounds"])
+    if int(upto) >= total:
+        return gr.skip(), (
+            f"**That was the last round**: the run ended after {total} rounds. Drag the slider back, or run again."
+        )
+    return int(upto) + 1, gr.skip()
+
+
+def inspect_token(record: dict | None, event: gr.EventData) -> tuple:
+    """The inspector for the clicked token's round and position."""
+    data = getattr(event, "_data", None) or {}
+    round_index, position = data.get("round"), data.get("position")
+    if record is None:
+        return "The inspector opens once the run has finished: its distributions come from the run's trace.", gr.skip()
+    if not isinstance(round_index, int) or not 0 <= round_index < len(record["rounds"]):
+        return "That token is not in this run's trace: run again, or step to it.", gr.update(visible=False)
+    views = record["rounds"][round_index]["views"]
+    if not isinstance(position, int) or not 0 <= position < len(views):
+        return "This token was never tested: an earlier draft of its round was rejected.", gr.update(visible=False)
+    view = views[position]
+    title = view_title(view, round_index + 1, position)
+    return title, gr.update(value=inspector_figure(view, ""), visible=True)

@@ -1,0 +1,89 @@
+"""The replay record a run leaves in its trace: stepping through it, the inspector's figures, and the one-sentence
+refusals of a trace that cannot be replayed."""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+import pytest
+import torch
+
+from specdemo.app import step_view
+from specdemo.app.replay import REPLAY_FORMAT, check_replay, inspector_figure, replay_record, step_html, view_title
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.stats import emitted_ids
+from specdemo.drafters import ModelDrafter
+from specdemo.engine.decoding import speculative_generate
+from tests.helpers import TINY_VOCAB
+
+PROMPT = [0, 5, 9, 5, 9, 12, 7, 5, 9]
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(f" t{token}" for token in ids)
+
+
+@pytest.fixture(scope="module")
+def run(tiny_target, tiny_draft):
+    sampling, spec = SamplingConfig(temperature=1.0, seed=5), SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40)
+    drafter = ModelDrafter(tiny_draft, SamplingConfig(temperature=1.0, seed=6), TINY_VOCAB)
+    rounds = list(speculative_generate(tiny_target, drafter, torch.tensor([PROMPT]), sampling, spec, frozenset()))
+    return rounds, json.loads(json.dumps(replay_record(rounds, decode, PROMPT)))  # as read back from the trace file
+
+
+def test_stepping_shows_the_runs_tokens_round_by_round(run):
+    rounds, record = run
+    assert len(record["rounds"]) == len(rounds) and record["format"] == REPLAY_FORMAT
+    for upto in (1, 3, len(rounds)):
+        page = step_html(record, upto)
+        assert page.count('class="step-current"') == 1
+        shown = [span for r in record["rounds"][:upto] for span in r["spans"] if span["kind"] != "rejected"]
+        assert [span["token_id"] for span in shown] == emitted_ids(rounds[:upto])
+    assert all(r["sentence"].startswith(("The draft proposed", "Nothing was drafted")) for r in record["rounds"])
+
+
+def test_the_inspector_draws_p_q_the_residual_and_u_for_a_rejection(run):
+    rounds, record = run
+    number = next(i for i, r in enumerate(rounds) if r.next_kind == "resampled")
+    position = rounds[number].num_accepted
+    view = record["rounds"][number]["views"][position]
+    figure = inspector_figure(view, "")
+    names = [trace.name for trace in figure.data]
+    assert names[:3] == ["target p", "draft q", "residual norm(max(0, p − q))"]
+    assert any(name.startswith("u = ") for name in names) and any("min(1, p/q)" in name for name in names)
+    assert "(drafted)" in " ".join(figure.data[0].x) and "(drawn)" in " ".join(figure.data[0].x)
+    assert "rejected (u = " in view_title(view, number + 1, position)
+
+
+def test_a_trace_that_cannot_be_replayed_gets_one_sentence(run, tmp_path):
+    _, record = run
+    assert check_replay(record) is record
+    cases = {
+        "not-json.json": ("{not json", "This file is not JSON"),
+        "old.json": (json.dumps({"replay": {**record, "format": 0}}), "written by another version"),
+        "empty.json": (json.dumps({"replay": {**record, "rounds": []}}), "has no rounds to replay"),
+        "damaged.json": (json.dumps({"replay": {**record, "rounds": [{"spans": [{"x": 1}]}]}}), "are damaged"),
+        "other.json": (json.dumps([1, 2]), "This file has no rounds to replay"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(gr.Error, match=message):
+            step_view.from_upload(str(tmp_path / name))
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (step_view.MAX_TRACE_BYTES + 1))
+    with pytest.raises(gr.Error, match="more than the 20 MB a trace may be"):
+        step_view.from_upload(str(big))
+
+
+def test_next_round_stops_at_the_last_with_a_sentence_and_the_inspector_names_untested_tokens(run):
+    rounds, record = run
+    assert step_view.next_step(record, 0)[0] == 1
+    past = step_view.next_step(record, len(rounds))
+    assert "That was the last round" in past[1]
+    assert "press **Run** first" in step_view.next_step(None, 0)[1]
+    untested = next(i for i, r in enumerate(rounds) if r.num_accepted + 1 < len(r.draft_token_ids))
+    event = gr.EventData(None, {"round": untested, "position": len(rounds[untested].views)})
+    assert "never tested" in step_view.inspect_token(record, event)[0]
+    note, figure = step_view.inspect_token(record, gr.EventData(None, {"round": 0, "position": 0}))
+    assert note.startswith("Round 1") and figure["visible"] is True
