@@ -12,7 +12,14 @@ from specdemo.app.messages import user_error
 from specdemo.app.replay import check_replay, inspector_figure, step_html, step_sentence, view_title
 
 MAX_TRACE_BYTES = 20_000_000  # a 512-token run's trace is about 1 MB
-START = "Run, then step through it here round by round, or replay a trace you downloaded."
+START = "Press Next round to decode a run and step through it here round by round, or replay a trace you downloaded."
+DECODING = "Decoding the run with the form's settings: round 1 shows here when it is done."
+# Next round with nothing to step through yet starts the run (the page's own Run button, so its checks and limits).
+RUN_FIRST_JS = f"""() => {{
+  if (document.querySelector('#round-sentence')?.innerText.startsWith({START[:20]!r})) {{
+    document.querySelector('#run')?.click();
+  }}
+}}"""
 # Clicks on tokens (delegated, so tokens streamed in later count too) and the N key (outside text fields).
 INSPECT_JS = """
 element.addEventListener('click', (event) => {
@@ -55,8 +62,14 @@ def build(trace: gr.DownloadButton, tokens: gr.HTML, runs: list, theme_css: str)
     for run in runs:
         run.success(from_trace, inputs=trace, outputs=shown, api_visibility="private")
     upload.upload(from_upload, inputs=upload, outputs=shown, api_visibility="private")
-    replay.change(show_round, inputs=[record, replay], outputs=[sentence, step_tokens], api_visibility="private")
-    next_round.click(next_step, inputs=[record, replay], outputs=[replay, sentence], api_visibility="private")
+    # queue=False: pure and fast, and no queue status drawn over the sentence
+    replay.change(
+        show_round, inputs=[record, replay], outputs=[sentence, step_tokens], queue=False, api_visibility="private"
+    )
+    next_round.click(None, js=RUN_FIRST_JS, api_visibility="private")  # first: it reads the sentence next_step sets
+    next_round.click(
+        next_step, inputs=[record, replay], outputs=[replay, sentence], queue=False, api_visibility="private"
+    )
     for source in (step_tokens, tokens):
         source.inspect(inspect_token, inputs=record, outputs=[note, inspector], api_visibility="private")
 
@@ -111,7 +124,7 @@ def show_round(record: dict | None, upto: float) -> tuple[str, str]:
 def next_step(record: dict | None, upto: float) -> tuple:
     """One round more; past the last, a sentence and nothing else changes."""
     if record is None:
-        return gr.skip(), "Nothing to step through yet: press **Run** first, or replay a trace file."
+        return gr.skip(), DECODING
     total = len(record["rounds"])
     if int(upto) >= total:
         return gr.skip(), (

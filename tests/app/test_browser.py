@@ -275,10 +275,10 @@ def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app)
     page = open_page(browser, app)
     page.get_by_text("Explain why the sky is blue", exact=False).first.click()  # the teaching pair, T = 0.7
     page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')")
-    page.locator("#max-new-tokens input[type=number]").fill("40")
+    page.locator("#max-new-tokens input[type=number]").fill("32")
     page.locator("#max-new-tokens input[type=number]").press("Enter")
     page.get_by_label("Then run the target alone, to compare").uncheck()  # the steps are the speculative run's
-    page.click("#run")
+    page.click("#next-round")  # nothing to step through yet: Next round starts the run
     page.wait_for_function("document.querySelector('#headline')?.innerText.includes('not measured')", timeout=120_000)
     page.wait_for_function("document.querySelector('#round-sentence')?.innerText.startsWith('Round 1 of')")
     sentences = [page.inner_text("#round-sentence")]
@@ -289,7 +289,7 @@ def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app)
             page.click("#next-round")
         page.wait_for_function(f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {step} of')")
         sentences.append(page.inner_text("#round-sentence"))
-    assert all(re.match(r"Round \d+ of \d+\. (The draft proposed|Nothing was drafted)", s) for s in sentences)
+    assert all(re.search(r"Round \d+ of \d+\. (The draft|Nothing was drafted)", s) for s in sentences), sentences
     kept = "els => els.filter(e => !e.classList.contains('tok-rejected')).map(e => e.textContent).join('')"
     stepped = page.eval_on_selector_all("#step-tokens .tok", kept)
     assert stepped and page.eval_on_selector_all("#tokens .tok", kept).startswith(stepped)
@@ -343,7 +343,7 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     page = open_page(browser, app)
     tokens = "els => els.map(e => e.className + ':' + e.textContent).join('|')"
     query = f"prompt={quote('Explain why the sky is blue.')}&pair=smollm2-135m-self&temperature=0.7&seed=3"
-    page.goto(f"{app}?{query}&max_new_tokens=24&compare=false&run=1", wait_until="domcontentloaded")
+    page.goto(f"{app}?{query}&max_new_tokens=12&compare=false&run=1", wait_until="domcontentloaded")
     page.wait_for_function("document.querySelector('#link-note')?.innerText.includes('re-running it')")
     done = "document.querySelector('#headline')?.innerText.includes('not measured')"
     page.wait_for_function(done, timeout=120_000)
@@ -351,7 +351,7 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     page.click("#copy-link")
     page.wait_for_function("document.querySelector('#share-link textarea')?.value.includes('seed=3')")
     link = page.input_value("#share-link textarea")
-    assert "max_new_tokens=24" in link and "pair=smollm2-135m-self" in link and "compare=false" in link
+    assert "max_new_tokens=12" in link and "pair=smollm2-135m-self" in link and "compare=false" in link
     again = browser.new_page(viewport={"width": 1400, "height": 1300})
     again.goto(link, wait_until="domcontentloaded")
     again.wait_for_function(done, timeout=120_000)
