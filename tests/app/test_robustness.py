@@ -334,7 +334,7 @@ def test_comparisons_honour_the_time_budget(offline_model, monkeypatch):
     alone, out_of_time, late = comparisons(seconds_left=1.0)
     assert out_of_time and alone == {}
     assert started == ["target alone"], "a comparison started after the budget"
-    assert late < 0.5, f"the running comparison went on {late:.2f} s past the budget"
+    assert late < 1.0, f"the running comparison went on {late:.2f} s past the budget"  # within a second, as Stop
 
 
 def test_limits_are_shown_on_the_page(app):
