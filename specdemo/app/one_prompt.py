@@ -254,8 +254,9 @@ def final_summary(
     comparison = compare_runs(rounds, baseline, num_draft_tokens) if baseline and not shared else None
     greedy = request.sampling.is_greedy
     differ = greedy and comparison is not None and not comparison.identical  # then say where, and how near a tie
+    stats = run_stats(rounds)
     summary = summary_markdown(
-        run_stats(rounds),
+        stats,
         num_draft_tokens,
         baseline=run_stats(baseline) if baseline else None,
         comparison=comparison,
@@ -270,7 +271,7 @@ def final_summary(
     why = "not measured: " + (
         "passes were shared" if shared else "the run hit its time budget" if out_of_time else "the comparison was off"
     )
-    return summary, headline_html(run_stats(rounds), comparison, "" if comparison else why)
+    return summary, headline_html(stats, comparison, "" if comparison else why)
 
 
 def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], str, str, bool]]:
@@ -285,20 +286,19 @@ def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], st
     for batch in stream.rounds(TOKENS_INTERVAL_SECONDS):
         rounds.extend(batch)
         tokens_html += "".join(html_spans(round_spans(round_, decode, emitted), clickable=True) for round_ in batch)
-        summary = summary_markdown(
-            run_stats(rounds), speculative.num_draft_tokens, number_format=run.request.dtype_reason
-        )
+        stats = run_stats(rounds)  # once per update: the summary and the headline read it
+        summary = summary_markdown(stats, speculative.num_draft_tokens, number_format=run.request.dtype_reason)
         streamed = in_progress(summary, f"Decoding: {len(emitted)} tokens so far")
         if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS * max(1, stream.scheduler.num_rows):
             last_chart = time.monotonic()
             candidates = candidates_html(rounds, decode)
-            headline = headline_html(run_stats(rounds), None)
+            headline = headline_html(stats, None)
             yield tokens_html, streamed, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates, headline
         else:
             yield tokens_html, streamed, *unchanged_charts()
     candidates = candidates_html(rounds, decode)  # every round's, the last included
     final = in_progress(summary, f"Decoded {len(emitted)} tokens")
-    headline = headline_html(run_stats(rounds), None)
+    headline = headline_html(run_stats(rounds), None) if rounds else ""
     yield tokens_html, final, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates, headline
     return rounds, tokens_html, summary, stream.out_of_time
 

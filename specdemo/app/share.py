@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specdemo.app.form import RUN_FIELDS, by_name, defaults, parse_request
-from specdemo.pairs import PAIRS
+from specdemo.pairs import PAIRS_BY_KEY
 
 PAGE_PARAMETERS = ("__theme", "view", "run")  # the page's own: the theme, the presenter view, re-running on open
 CHEAP_NEW_TOKENS = 256  # a shared link re-runs on open when its pair is offline and it decodes at most this many
@@ -59,7 +59,7 @@ def form_from_query(query: Mapping[str, str]) -> tuple[str | None, dict[str, Any
 
 def runs_on_open(query: Mapping[str, str], prompt: str | None, values: Mapping[str, Any]) -> bool:
     """Whether opening the link re-runs it: asked for (run=1), a prompt, an offline pair, a short run."""
-    pair = next((p for p in PAIRS if p.key == values.get("pair", defaults()["pair"])), None)
+    pair = PAIRS_BY_KEY.get(values.get("pair", defaults()["pair"]))  # None: a custom pair
     short = values.get("max_new_tokens", defaults()["max_new_tokens"]) <= CHEAP_NEW_TOKENS
     return query.get("run") == "1" and prompt is not None and pair is not None and not pair.needs_hub and short
 

@@ -340,7 +340,8 @@ class BatchDecoder:
         emitted = emitted[: _eos_cut(emitted, self.eos_token_ids)]
         has_next = len(emitted) > accepted  # False after an accepted EOS: no bonus token follows it
         next_id = int(verdict.next_token_ids[b]) if has_next else None
-        views = _views(row_inputs, candidates, path, accepted, next_id)
+        # the inspector's data, for rows that draft: a target-alone row's is never shown
+        views = _views(row_inputs, candidates, path, accepted, next_id) if row.drafting else ()
         tested_at_end = bool(verdict.tested[b, :, accepted].any()) if accepted < verdict.tested.shape[2] else False
         round_ = Round(
             index=row.num_rounds,
