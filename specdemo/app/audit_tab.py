@@ -13,6 +13,7 @@ import gradio as gr
 import torch
 
 from specdemo.app.form import RUN_FIELDS, Field, by_name, signature, whole
+from specdemo.app.lessons import LessonRow
 from specdemo.app.messages import user_error
 from specdemo.app.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
 from specdemo.app.runs import Server, check_values, decode_fn, read_values
@@ -208,8 +209,9 @@ def parse_audit(values: dict) -> AuditRequest:
     return AuditRequest(*common, sampling=sampling, num_tokens=read["num_tokens"], prompt=read["prompt"], pair=pair)
 
 
-def build_tab(server: Server) -> None:
-    """The Audit tab, inside the page's tabs; its passes take turns with the runs' passes."""
+def build_tab(server: Server, lessons: LessonRow) -> None:
+    """The Audit tab, inside the page's tabs, with the lessons that audit; its passes take turns with the runs'
+    passes."""
     gr.Markdown(INTRO)
     controls = {}
     with gr.Row():
@@ -233,11 +235,20 @@ def build_tab(server: Server) -> None:
         chart = gr.Plot(elem_id="audit-chart", show_label=False)
         tv_chart = gr.Plot(elem_id="audit-tv-chart", show_label=False)
     download = gr.DownloadButton("Download the audit (JSON)", visible=False, elem_id="audit-download")
-    wire(server, controls, toy_box, model_box, [verdict, chart, tv_chart, download], run, stop)
+    wire(server, controls, toy_box, model_box, [verdict, chart, tv_chart, download], run, stop, lessons)
 
 
-def wire(server: Server, controls: dict, toy_box, model_box, outputs: list, run: gr.Button, stop: gr.Button) -> None:
-    """The tab's events: mode and preset changes, the checked audit (/audit) and Stop."""
+def wire(
+    server: Server,
+    controls: dict,
+    toy_box,
+    model_box,
+    outputs: list,
+    run: gr.Button,
+    stop: gr.Button,
+    lessons: LessonRow,
+) -> None:
+    """The tab's events: mode and preset changes, the checked audit (/audit), the lessons' audits and Stop."""
     controls["mode"].change(
         lambda chosen: (
             gr.update(visible=chosen == "toy"),
@@ -270,7 +281,19 @@ def wire(server: Server, controls: dict, toy_box, model_box, outputs: list, run:
         preprocess=False,
         api_name="audit",
     )
-    stop.click(None, cancels=[event], api_visibility="private")
+    events = [event]
+    for lesson, loaded in lessons.load("audit", inputs, lambda lesson: lesson.values(AUDIT_FIELDS)):
+        lesson_steps = partial(audit_steps, server, *lesson.values(AUDIT_FIELDS))  # its own values, as a run's
+        events.append(
+            loaded.then(
+                stoppable(lesson_steps, signature([], []), f"lesson_{lesson.key}", audit_steps.__doc__),
+                outputs=outputs,
+                concurrency_limit=1,
+                concurrency_id="audit",
+                api_visibility="private",
+            )
+        )
+    stop.click(None, cancels=events, api_visibility="private")
 
 
 def audit_steps(server: Server, *values: object, stop: threading.Event) -> Iterator[tuple]:

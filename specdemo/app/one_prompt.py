@@ -15,6 +15,7 @@ import torch
 
 from specdemo.app import step_view
 from specdemo.app.form import RUN_FIELDS, UI_MAX_NEW_TOKENS, names, parse_request, signature
+from specdemo.app.lessons import LessonRow
 from specdemo.app.messages import user_error
 from specdemo.app.plots import (
     acceptance_figure,
@@ -100,8 +101,9 @@ EXAMPLES = [
 PROMPT = inspect.Parameter("prompt", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
 
 
-def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> gr.Textbox:
-    """The tab's prompt, buttons, tokens, summary and charts, and its events (/generate); returns the prompt."""
+def build_tab(server: Server, settings: dict[str, gr.components.Component], lessons: LessonRow) -> gr.Textbox:
+    """The tab's prompt, buttons, tokens, summary and charts, and its events (/generate, and the lessons' runs);
+    returns the prompt."""
     prompt = gr.Textbox(
         lines=5,
         label="Prompt",
@@ -139,7 +141,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> g
     with gr.Row():
         positions = gr.Plot(empty[2], elem_id="positions-chart", show_label=False)
         throughput = gr.Plot(empty[3], elem_id="throughput-chart", show_label=False)
-    with gr.Accordion("Candidates of each round (W)", open=False):
+    with gr.Accordion("Candidates of each round (W)", open=False) as candidates_box:
         candidates = gr.HTML("", css_template=THEME_CSS, elem_id="candidates")
         if server.sweep is not None:
             gr.Plot(candidates_sweep_figure(server.sweep), elem_id="candidates-chart", show_label=False)
@@ -166,6 +168,19 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> g
                 concurrency_id="generate",  # Run, Enter and the batch share the run slots
                 preprocess=False,
                 api_name="generate" if trigger == run.click else False,
+            )
+        )
+    for lesson, loaded in lessons.load("one", inputs, lambda lesson: [lesson.prompt, *lesson.values(RUN_FIELDS)]):
+        if lesson.settings.get("num_candidates", 1) > 1:  # the lesson is in the candidates' tree
+            loaded.then(lambda: gr.Accordion(open=True), outputs=candidates_box, queue=False, api_visibility="private")
+        lesson_steps = partial(run_steps, server, lesson.prompt, *lesson.values(RUN_FIELDS))
+        events.append(
+            loaded.then(  # the lesson's own values, not the form's: the run never starts before they reach the page
+                stoppable(on_gpu(lesson_steps), signature([], []), f"lesson_{lesson.key}", run_steps.__doc__),
+                outputs=outputs,
+                concurrency_limit=server.run_concurrency,
+                concurrency_id="generate",
+                api_visibility="private",
             )
         )
     step_view.build(trace, tokens, events, THEME_CSS)
@@ -213,7 +228,8 @@ def stream_run(server: Server, run: Run) -> Iterator[tuple]:
     """Yield (tokens, summary, four charts, trace, candidates, headline) as rounds arrive, then while the comparisons
     run; the last update carries every output, and its summary says why the run ended when it ended early."""
     request = run.request
-    yield "", in_progress("", "Decoding"), *unchanged_charts()  # at once: the page holds the run from here on
+    # At once: the page holds the run from here on, and the last run's three numbers go (its tokens went)
+    yield "", in_progress("", "Decoding"), *unchanged_charts()[:-1], ""
     rounds, tokens_html, summary, out_of_time = yield from stream_speculative(run)
     alone: dict[str, list[Round]] = {}
     if request.compare and not out_of_time and not run.stop.is_set():

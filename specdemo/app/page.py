@@ -7,6 +7,7 @@ import gradio as gr
 
 from specdemo.app import audit_tab, batch_tab, one_prompt
 from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair
+from specdemo.app.lessons import LessonRow
 from specdemo.app.render import LEGEND_HTML
 from specdemo.app.runs import QUEUE_SIZE, RUN_CONCURRENCY, Server
 from specdemo.app.share import form_from_query, runs_on_open
@@ -57,13 +58,15 @@ def build_demo(
         with gr.Row():
             with gr.Column(scale=1, min_width=300, elem_id="settings-column"):
                 settings, note, kinds = settings_column()
-            with gr.Column(scale=2), gr.Tabs():
-                with gr.Tab("One prompt", id="one"):
-                    prompt = one_prompt.build_tab(server, settings)
-                with gr.Tab("Batch", id="batch"):
-                    batch_tab.build_tab(server, settings, one_prompt.THEME_CSS)
-                with gr.Tab("Audit: is it lossless?", id="audit"):
-                    audit_tab.build_tab(server)
+            with gr.Column(scale=2):
+                lessons = LessonRow()
+                with gr.Tabs() as lessons.tabs:
+                    with gr.Tab("One prompt", id="one"):
+                        prompt = one_prompt.build_tab(server, settings, lessons)
+                    with gr.Tab("Batch", id="batch"):
+                        batch_tab.build_tab(server, settings, one_prompt.THEME_CSS)
+                    with gr.Tab("Audit: is it lossless?", id="audit"):
+                        audit_tab.build_tab(server, lessons)
         settings["pair"].change(  # queue=False: the note changes at once, even while a run holds the queue's slot
             describe_pair,
             inputs=settings["pair"],

@@ -216,31 +216,6 @@ def test_the_batch_view_streams_four_lanes(browser, app):
     page.close()
 
 
-def test_a_run_with_three_candidates_shows_each_rounds_candidates(browser, app):
-    page = open_page(browser, app)
-    page.locator("#num-candidates input[type=number]").fill("3")
-    page.locator("#num-candidates input[type=number]").press("Enter")
-    page.get_by_text("Candidates of each round (W)").click()
-    page.get_by_text("Write a short story about a lighthouse keeper", exact=False).first.click()  # the draft model
-    page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')")
-    page.locator("#max-new-tokens input[type=number]").fill("32")  # three runs (and two alone) of 128 took 2 minutes
-    page.locator("#max-new-tokens input[type=number]").press("Enter")
-    page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
-    page.wait_for_selector("#candidates .cand-round")
-    ends = page.eval_on_selector_all(  # each leaf of a round's tree names the candidates that end there
-        "#candidates .cand-round",
-        "rounds => rounds.map(r => [...r.querySelectorAll('.cand')].map(l => l.dataset.candidates).join(' '))",
-    )
-    assert ends and all(sorted(end.split()) == ["1", "2", "3"] for end in ends), ends  # three beams every round
-    assert page.locator("#candidates .cand-path").count() > 0  # the accepted path is marked
-    title = page.get_attribute("#candidates .cand .tok", "title")
-    assert "target p =" in title and "draft q =" in title and "min(1, p/q)" in title
-    page.locator("#candidates .cand-round").first.scroll_into_view_if_needed()
-    screenshot_light_and_dark(page, "candidates")
-    page.close()
-
-
 def test_the_audit_passes_for_the_sampler_and_fails_for_a_planted_bug(browser, app):
     page = open_page(browser, app)
     page.get_by_role("tab", name="Audit: is it lossless?").click()
@@ -366,4 +341,73 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     again.close()
     page.evaluate("document.body.classList.add('present')")  # the run as the presenter view shows it
     page.screenshot(path=str(ARTIFACTS / "presenter.png"), full_page=True)
+    page.close()
+
+
+def big_numbers(page) -> list[str]:
+    return page.eval_on_selector_all("#headline .big", "cells => cells.map(c => c.textContent)")
+
+
+def run_lesson(page, key: str) -> None:
+    """Click a lesson and wait until its run has ended: the headline's three numbers drawn anew, and final (a run's
+    first update clears them; while it streams the speedup reads '…'), or a new audit verdict."""
+    page.eval_on_selector_all("#headline .big", "cells => cells.forEach(c => c.dataset.old = '1')")
+    page.click(f"#lesson-{key}")
+    page.wait_for_function("document.querySelector('#lesson-note')?.innerText.length > 0")
+    if key == "broken-sampler":  # the lesson shows the Audit tab, whose verdict is empty before its first audit
+        verdict = "(document.querySelector('#audit-verdict')?.innerText ?? '')"
+        page.wait_for_function(f"{verdict}.startsWith('Lossless') || {verdict}.startsWith('Not lossless')", timeout=60_000)
+        return
+    done = """() => { const cells = [...document.querySelectorAll('#headline .big')];
+        return cells.length === 3 && !cells.some(c => c.dataset.old) && cells[0].textContent !== '…'; }"""
+    page.wait_for_function(done, timeout=120_000)
+
+
+def test_every_lesson_loads_its_settings_and_runs(browser, app):
+    """Each lesson sets the form, says what to watch and runs in one click, and its run shows what the note says:
+    copying many tokens per pass, free writing refusals, the hot draft residual draws, greedy the target's own text,
+    three candidates a tree of three beams a round, the broken sampler a failed audit."""
+    from specdemo.app.lessons import LESSONS
+
+    page = open_page(browser, app)
+    assert [b.get_attribute("id") for b in page.locator("#lessons button").all()] == [
+        f"lesson-{lesson.key}" for lesson in LESSONS
+    ]
+    outcome = "els => els.map(e => e.classList[1])"
+    run_lesson(page, "copying")
+    assert "quartely" in page.input_value("#prompt textarea") and "Copying." in page.inner_text("#lesson-note")
+    copying = big_numbers(page)
+    assert copying[0].endswith("×") and float(copying[1]) >= 3, copying  # tokens per pass
+    run_lesson(page, "free-writing")
+    assert "ReDrafter" in page.inner_text("#pair-note")
+    free = big_numbers(page)
+    assert float(free[2]) < float(copying[2]) and float(free[1]) < float(copying[1]), (free, copying)
+    assert "tok-rejected" in page.eval_on_selector_all("#tokens .tok", outcome)
+    run_lesson(page, "hot-draft")
+    assert "teaching pair" in page.inner_text("#pair-note")
+    assert page.input_value("#max-new-tokens input[type=number]") == "32"
+    assert {"tok-rejected", "tok-resampled"} <= set(page.eval_on_selector_all("#tokens .tok", outcome))
+    assert "not measured" in page.inner_text("#headline")  # the comparison is off: the form says so too
+    assert not page.get_by_label("Then run the target alone, to compare").is_checked()
+    run_lesson(page, "greedy")
+    assert "identical" in page.inner_text("#summary")
+    assert "tok-rejected" in page.eval_on_selector_all("#tokens .tok", outcome)  # wrong drafts, the same text
+    run_lesson(page, "three-candidates")
+    assert page.input_value("#num-candidates input[type=number]") == "3"
+    page.wait_for_selector("#candidates .cand-round", state="visible")  # the lesson opened the tree
+    ends = page.eval_on_selector_all(  # each leaf of a round's tree names the candidates that end there
+        "#candidates .cand-round",
+        "rounds => rounds.map(r => [...r.querySelectorAll('.cand')].map(l => l.dataset.candidates).join(' '))",
+    )
+    assert ends and all(sorted(end.split()) == ["1", "2", "3"] for end in ends), ends  # three beams every round
+    assert page.locator("#candidates .cand-path").count() > 0  # the accepted path is marked
+    title = page.get_attribute("#candidates .cand .tok", "title")
+    assert "target p =" in title and "draft q =" in title and "min(1, p/q)" in title
+    page.locator("#candidates .cand-round").first.scroll_into_view_if_needed()
+    screenshot_light_and_dark(page, "candidates")
+    run_lesson(page, "broken-sampler")
+    page.screenshot(path=str(ARTIFACTS / "lesson-audit.png"), full_page=True)
+    verdict = page.inner_text("#audit-verdict")
+    assert verdict.startswith("Not lossless") and "Planted bug, resample from p" in verdict, verdict
+    assert page.get_by_role("tab", name="Audit: is it lossless?").get_attribute("aria-selected") == "true"
     page.close()
