@@ -25,11 +25,12 @@ def _why_accepted(acceptance_prob: float, uniform: float) -> str:
     return "p ≥ q" if acceptance_prob >= 1.0 else f"u = {uniform:.2f} < p/q = {acceptance_prob:.2f}"
 
 
-def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int]) -> str:
+def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int], greedy: bool = False) -> str:
     """What happened in `round_`, decoded after `context_ids` (the prompt's tail and the tokens emitted before it), e.g.
     "The draft proposed 5 tokens. The target accepted ' the' and ' cat' (p ≥ q), rejected ' sat' (p/q = 0.21 <
     u = 0.64), and drew ' ran' from what the draft under-weighted, max(0, p − q)." p and q are the target's and the
-    draft's probabilities of a drafted token; a token is accepted when u < min(1, p/q)."""
+    draft's probabilities of a drafted token; a token is accepted when u < min(1, p/q). A `greedy` run's tests compare
+    each draft with the target's argmax."""
     context = list(context_ids)
     drafted = round_.draft_token_ids
     texts = []
@@ -37,7 +38,7 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int]) ->
         texts.append(repr(token_text(decode, context, token)))
         context.append(token)
     accepted = [
-        f"{texts[i]} ({_why_accepted(round_.acceptance_probs[i], round_.uniforms[i])})"
+        f"{texts[i]} ({'its argmax' if greedy else _why_accepted(round_.acceptance_probs[i], round_.uniforms[i])})"
         for i in range(round_.num_accepted)
     ]
     next_text = None
@@ -52,7 +53,7 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int]) ->
             if offered
             else "Nothing was drafted: the drafter had nothing to propose."
         )
-        took = f" and drew {next_text} from its own p" if next_text else ", and the run ended"
+        took = f" and {_drew(next_text, greedy)}" if next_text else ", and the run ended"
         return f"{why} The target took one plain step{took}."
     proposed = f"The draft proposed {_count(len(drafted), 'token')}."
     if width > 1:
@@ -67,10 +68,14 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int]) ->
         i = round_.num_accepted
         p, ratio, u = round_.target_probs[i], round_.acceptance_probs[i], round_.uniforms[i]
         why = "p = 0: the target would never pick it" if p == 0 else f"p/q = {ratio:.2f} < u = {u:.2f}"
-        parts.append(f"rejected {texts[i]} ({why})")
+        parts.append(f"rejected {texts[i]} ({'not its argmax' if greedy else why})")
         untested = len(drafted) - i - 1
         if next_text:
-            parts.append(f"drew {next_text} from what the draft under-weighted, max(0, p − q)")
+            parts.append(
+                f"took its argmax {next_text} instead"
+                if greedy
+                else f"drew {next_text} from what the draft under-weighted, max(0, p − q)"
+            )
         sentence = f"{proposed} The target {_listing(parts)}."
         if untested:
             sentence += f" The {_count(untested, 'draft')} after it {'was' if untested == 1 else 'were'} never tested."
@@ -80,8 +85,12 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int]) ->
     everything = "all of them" if len(drafted) > 1 else "it"
     return (
         f"{proposed} The target accepted {everything}: {_listing(accepted)}, and the same pass gave the bonus token "
-        f"{next_text} from its own p."
+        f"{next_text}{', its argmax' if greedy else ' from its own p'}."
     )
+
+
+def _drew(token: str, greedy: bool) -> str:
+    return f"took its argmax {token}" if greedy else f"drew {token} from its own p"
 
 
 def round_sentences(rounds: Sequence[Round], decode: Decode, prompt_ids: Sequence[int]) -> list[str]:

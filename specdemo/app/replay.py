@@ -19,7 +19,8 @@ REPLAY_FORMAT = 1  # bumped when the record's shape changes; a trace of another 
 
 
 def _view_record(round_: Round, position: int, decode: Decode, context: list[int]) -> dict:
-    """Position `position` of the round's path: its PositionView with each token's text, and how it was decided."""
+    """Position `position` of the round's path: its PositionView with each token's text, and how it was decided; with
+    W > 1, each candidate tested there in the rule's order, and what it was tested against."""
     view = round_.views[position]
     drafted = round_.draft_token_ids[position] if position < len(round_.draft_token_ids) else None
     drawn = round_.next_token_id if position == round_.num_accepted else None
@@ -34,16 +35,30 @@ def _view_record(round_: Round, position: int, decode: Decode, context: list[int
     record["accepted"] = position < round_.num_accepted
     record["next_kind"] = round_.next_kind if drawn is not None else None
     record["step"] = "test" if drafted is not None else ("bonus" if round_.draft_token_ids else "plain")
+    record["tests"] = [
+        {
+            "candidate": number,
+            "token": token_text(decode, context, candidate.token_ids[position]),
+            "p": candidate.target_probs[position],  # what was left of p at its test: p, then each residual in turn
+            "q": candidate.draft_probs[position],
+            "ratio": candidate.acceptance_probs[position],
+            "u": candidate.uniforms[position],
+            "accepted": candidate.accepted[position],
+        }
+        for number, candidate in enumerate(round_.candidates, start=1)
+        if len(round_.candidates) > 1 and position < len(candidate.tested) and candidate.tested[position]
+    ]
     return record
 
 
-def replay_record(rounds: Sequence[Round], decode: Decode, prompt_ids: Sequence[int]) -> dict:
-    """Everything the step view and the inspector show of a run, decoded once."""
+def replay_record(rounds: Sequence[Round], decode: Decode, prompt_ids: Sequence[int], greedy: bool = False) -> dict:
+    """Everything the step view and the inspector show of a run, decoded once (`greedy`: a temperature-0 run, whose
+    tests compare argmaxes)."""
     emitted: list[int] = []
     context = list(prompt_ids)
     records = []
     for round_ in rounds:
-        sentence = round_sentence(round_, decode, context)
+        sentence = round_sentence(round_, decode, context, greedy)
         views = [
             _view_record(round_, position, decode, [*context, *round_.draft_token_ids[:position]])
             for position in range(len(round_.views))
@@ -51,7 +66,7 @@ def replay_record(rounds: Sequence[Round], decode: Decode, prompt_ids: Sequence[
         spans = [asdict(span) for span in round_spans(round_, decode, emitted)]
         records.append({"sentence": sentence, "spans": spans, "views": views})
         context.extend(round_.emitted_token_ids)
-    return {"format": REPLAY_FORMAT, "rounds": records}
+    return {"format": REPLAY_FORMAT, "greedy": greedy, "rounds": records}
 
 
 def check_replay(record: object) -> dict:
@@ -122,9 +137,10 @@ def _acceptance_line(view: dict) -> list[dict]:
     ]
 
 
-def inspector_figure(view: dict, title: str) -> go.Figure:
+def inspector_figure(view: dict, title: str, greedy: bool = False) -> go.Figure:
     """Paired bars of p and q over the position's top tokens (the rest lumped), the residual where the next token came
-    from it, the drafted and the drawn token marked, and the drafted token's test as u against min(1, p/q)."""
+    from it, the drafted and the drawn token marked, and the drafted token's test as u against min(1, p/q) (none for a
+    greedy run: its p and q are one-hot at the argmaxes, and no u decides)."""
     labels = [repr(label)[1:-1] or "∅" for label in view["labels"]] + ["(all others)"]
     names = {"drafted_index": "drafted", "drawn_index": "drawn"}
     for key, mark in names.items():
@@ -148,7 +164,7 @@ def inspector_figure(view: dict, title: str) -> go.Figure:
         "legend": {"orientation": "h", "y": -0.5, "x": 0, "xanchor": "left", "yanchor": "top"},
         "margin": {"l": 50, "r": 10, "t": 40, "b": 10},
     }
-    if view.get("ratio") is not None and view.get("u") is not None:
+    if view.get("ratio") is not None and view.get("u") is not None and not greedy:
         traces += _acceptance_line(view)
         layout["xaxis2"] = {
             "domain": [0, 1],
@@ -161,16 +177,41 @@ def inspector_figure(view: dict, title: str) -> go.Figure:
     return plain_figure(traces, title, layout)
 
 
-def view_title(view: dict, round_number: int, position: int) -> str:
-    """What the inspector shows, in words: the position and how its token was decided."""
+def view_title(view: dict, round_number: int, position: int, greedy: bool = False) -> str:
+    """What the inspector shows, in words: the position and how its token was decided; with W > 1, each candidate
+    tested there and against what."""
     where = f"Round {round_number}, draft position {position + 1}"
+    source = "argmax" if greedy else "p"
     if view["step"] == "plain":
-        return f"Round {round_number}: nothing drafted; the target drew {view['drawn']!r} from its p"
+        return f"Round {round_number}: nothing drafted; the target drew {view['drawn']!r} from its {source}"
     if view["step"] == "bonus":
-        return f"{where}: every draft accepted; the bonus {view['drawn']!r} drawn from the target's p"
+        return f"{where}: every draft accepted; the bonus {view['drawn']!r} is the target's {source}" + (
+            "" if greedy else " drawn"
+        )
     verdict = "accepted" if view["accepted"] else "rejected"
+    if greedy:
+        argmax = view["labels"][max(range(len(view["target"])), key=view["target"].__getitem__)]
+        same = "is" if view["accepted"] else "is not"
+        title = f"{where}: greedy, so {view['drafted']!r} is {verdict}: it {same} the target's argmax {argmax!r}"
+        return title + ("" if view["accepted"] else ", which is emitted instead")
     test = f"u = {view['u']:.2f} {'<' if view['accepted'] else '≥'} min(1, p/q) = {view['ratio']:.2f}"
     title = f"{where}: {view['drafted']!r} {verdict} ({test})"
     if view["drawn"] is not None and not view["accepted"]:
         title += f"; {view['drawn']!r} drawn from the residual"
+    tests = view.get("tests") or []
+    if len(tests) > 1 or (tests and tests[0]["candidate"] != 1):
+        title += ". Tested here, in turn: " + "; ".join(_candidate_test(test, i) for i, test in enumerate(tests))
     return title
+
+
+def _candidate_test(test: dict, order: int) -> str:
+    """ "candidate 2 ' b' against the residual after 1 rejected candidate: residual = 0.30, q = 0.50, u = 0.41 < 0.60,
+    accepted"."""
+    against = "p" if order == 0 else f"the residual after {order} rejected candidate{'s' * (order > 1)}"
+    left = "p" if order == 0 else "residual"
+    sign = "<" if test["accepted"] else "≥"
+    verdict = "accepted" if test["accepted"] else "rejected"
+    return (
+        f"candidate {test['candidate']} {test['token']!r} against {against}: {left} = {test['p']:.2f}, "
+        f"q = {test['q']:.2f}, u = {test['u']:.2f} {sign} {test['ratio']:.2f}, {verdict}"
+    )

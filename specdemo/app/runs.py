@@ -163,7 +163,7 @@ def trace_record(
         "rounds": [round_record(round_) for round_ in rounds],
         "stats": run_stats(rounds).as_dict(),
         "baseline_stats": run_stats(baseline).as_dict() if baseline else None,
-        "replay": replay_record(rounds, decode_fn(target), prompt_ids),
+        "replay": replay_record(rounds, decode_fn(target), prompt_ids, request.sampling.is_greedy),
     }
 
 

@@ -144,6 +144,6 @@ def inspect_token(record: dict | None, event: gr.EventData) -> tuple:
     views = record["rounds"][round_index]["views"]
     if not isinstance(position, int) or not 0 <= position < len(views):
         return "This token was never tested: an earlier draft of its round was rejected.", gr.update(visible=False)
-    view = views[position]
-    title = view_title(view, round_index + 1, position)
-    return title, gr.update(value=inspector_figure(view, ""), visible=True)
+    view, greedy = views[position], record.get("greedy", False)
+    title = view_title(view, round_index + 1, position, greedy)
+    return title, gr.update(value=inspector_figure(view, "", greedy), visible=True)

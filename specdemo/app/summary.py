@@ -168,6 +168,9 @@ def headline_html(spec: RunStats | None, comparison: Comparison | None, why_no_s
     return f'<div class="headline">{cells}</div>'
 
 
+FOLD_TITLE = "The numbers behind them: each run's tokens, time and passes, α by position, the speedup's parts"
+
+
 def summary_markdown(
     spec: RunStats,
     num_draft_tokens: int,
@@ -178,9 +181,10 @@ def summary_markdown(
     number_format: str | None = None,
     divergence: Divergence | None = None,
 ) -> str:
-    """The run in numbers and its number format (e.g. "float32 (auto: this CPU has no native bfloat16)"); with a
-    baseline, the speedup explained, the prediction beside it and an honest reading, and for greedy runs whether the
-    texts are identical (else where they part: `divergence`)."""
+    """What a run's summary says under its three big numbers: for greedy runs whether the texts are identical (else
+    where they part: `divergence`), and why speculation lost when it did; folded beneath, one click away, the run in
+    numbers and its number format (e.g. "float32 (auto: this CPU has no native bfloat16)") and, with a baseline, the
+    speedup explained with the prediction beside it."""
     lines = [
         "| run | tokens | seconds | tokens/s | model passes |",
         "|---|---|---|---|---|",
@@ -196,23 +200,25 @@ def summary_markdown(
     if number_format:
         lines += ["", f"Number format: {number_format}."]
     if comparison is None:
-        return "\n".join(lines)
+        return folded([], lines)
     c = comparison
     lines += ["", *explanation(spec, c, num_draft_tokens)]
-    if greedy:
-        lines += ["", greedy_check(c.identical, divergence)]
+    lead = [greedy_check(c.identical, divergence)] if greedy else []
     if c.speedup < 1.0:
         slowest = max((v for _, v in c.verify_cost_by_k), default=1.0)
-        lines += [
-            "",
-            (
-                "Speculation was slower here: "
-                f"{c.tokens_per_pass:.2f} tokens per pass did not pay for {c.round_cost:.2f} steps per round"
-                + (f" (α = {spec.alpha:.2f} is low)" if spec.alpha < 0.5 else "")
-                + f"; on this device a verification pass costs up to {slowest:.2f}× a one-token step."
-            ),
-        ]
-    return "\n".join(lines)
+        lead.append(
+            "Speculation was slower here: "
+            f"{c.tokens_per_pass:.2f} tokens per pass did not pay for {c.round_cost:.2f} steps per round"
+            + (f" (α = {spec.alpha:.2f} is low)" if spec.alpha < 0.5 else "")
+            + f"; on this device a verification pass costs up to {slowest:.2f}× a one-token step."
+        )
+    return folded(lead, lines)
+
+
+def folded(lead: list[str], details: list[str]) -> str:
+    """`lead`'s paragraphs, then `details` folded under one line (HTML details, which the page's Markdown keeps)."""
+    fold = f'<details class="numbers"><summary>{FOLD_TITLE}</summary>\n\n' + "\n".join(details) + "\n\n</details>"
+    return "\n\n".join([*lead, fold])
 
 
 def sharing_note(speculative: Sequence[Round], baseline: Sequence[Round]) -> str | None:

@@ -59,7 +59,7 @@ def run_first_example(page) -> None:
     page.get_by_text("Correct the spelling mistakes", exact=False).first.click()
     page.wait_for_function("document.querySelector('#prompt textarea').value.includes('quartely')")
     page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=120_000)
 
 
 def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
@@ -79,7 +79,7 @@ def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
     assert "target p =" in title and "uniform draw u =" in title
     for chart in ("#acceptance-chart", "#latency-chart"):
         page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg", timeout=30_000)
-    assert "identical" in page.inner_text("#summary")
+    assert "identical" in page.text_content("#summary")
     assert page.inner_text("#tokens details.alone summary").startswith("The target alone: ")  # its text, folded
     screenshot_light_and_dark(page, "run")
     page.close()
@@ -101,7 +101,7 @@ def test_stop_halts_the_stream(browser, app):
     count = page.locator("#tokens .tok").count()
     page.wait_for_timeout(2000)
     assert page.locator("#tokens .tok").count() == count, "tokens kept arriving after Stop"
-    summary = page.inner_text("#summary")
+    summary = page.text_content("#summary")
     assert "Speedup" not in summary  # the comparison never ran
     assert "Stopped: you pressed Stop." in summary and "so far" not in summary, summary[-300:]  # says why it ended
     page.close()
@@ -127,7 +127,7 @@ def test_markup_in_the_prompt_and_in_model_ids_stays_text(browser, app):
     # Prompt lookup copies the prompt, so the hostile markup comes back as tokens.
     page.fill("#prompt textarea", f"Repeat this exactly, then stop: {HOSTILE}")
     page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=120_000)
     tokens = page.locator("#tokens")
     assert tokens.locator("img, script, b").count() == 0  # nothing the model wrote became an element
     assert "<" in tokens.inner_text() or "img" in tokens.inner_text()  # the markup is shown as text
@@ -151,14 +151,14 @@ def test_switching_the_pair_mid_run_leaves_the_run_alone(browser, app):
     run_first_example(page)  # a first, complete run: the one to compare with
     first_tokens = page.locator("#tokens .tok").count()
     page.click("#run")  # the second run replaces the summary as soon as its first tokens arrive
-    page.wait_for_function("!document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=60_000)
+    page.wait_for_function("!document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=60_000)
     page.click("#pair input")
     page.locator("li.item", has_text="drafting for itself").click()  # mid-run
     page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')", timeout=5_000)
-    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=120_000)
     # The run finished with the settings it started with: prompt lookup, the same greedy tokens as before.
     assert page.locator("#tokens .tok").count() == first_tokens
-    assert "identical" in page.inner_text("#summary")
+    assert "identical" in page.text_content("#summary")
     page.close()
 
 
@@ -174,7 +174,7 @@ def run_with_pair(page, pair_label: str, note: str, prompt: str, **numbers: int)
         field.press("Enter")
     page.fill("#prompt textarea", prompt)
     page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Speedup')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=120_000)
     return page.eval_on_selector_all("#tokens .tok", "spans => spans.map(s => s.title)")
 
 
@@ -188,7 +188,7 @@ def test_the_suffix_pair_says_what_each_round_chose(browser, app):
         num_draft_tokens=12,
         max_new_tokens=48,
     )
-    summary = page.inner_text("#summary")
+    summary = page.text_content("#summary")
     assert "Cost-aware drafting" in summary and "The plans expected" in summary and "identical" in summary
     # every token names its round's choice but the last round's, when no token was left to draft
     assert sum("drafted " in t for t in titles) >= len(titles) - 1, titles[:3]
@@ -322,7 +322,8 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     page.wait_for_function("document.querySelector('#link-note')?.innerText.includes('re-running it')")
     done = "document.querySelector('#headline')?.innerText.includes('not measured')"
     page.wait_for_function(done, timeout=120_000)
-    first, alpha = page.eval_on_selector_all("#tokens .tok", tokens), page.inner_text("#summary").split("α = ")[1][:60]
+    first = page.eval_on_selector_all("#tokens .tok", tokens)
+    alpha = page.text_content("#summary").split("α = ")[1][:60]
     page.click("#copy-link")
     page.wait_for_function("document.querySelector('#share-link textarea')?.value.includes('seed=3')")
     link = page.input_value("#share-link textarea")
@@ -331,7 +332,7 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     again.goto(link, wait_until="domcontentloaded")
     again.wait_for_function(done, timeout=120_000)
     assert again.eval_on_selector_all("#tokens .tok", tokens) == first
-    assert again.inner_text("#summary").split("α = ")[1][:60] == alpha
+    assert again.text_content("#summary").split("α = ")[1][:60] == alpha
     again.goto(f"{app}?temperature=hot&colour=red&view=present", wait_until="domcontentloaded")
     again.wait_for_function("document.querySelector('#link-note')?.innerText.includes('Left out')")
     note = again.inner_text("#link-note")
@@ -356,7 +357,8 @@ def run_lesson(page, key: str) -> None:
     page.wait_for_function("document.querySelector('#lesson-note')?.innerText.length > 0")
     if key == "broken-sampler":  # the lesson shows the Audit tab, whose verdict is empty before its first audit
         verdict = "(document.querySelector('#audit-verdict')?.innerText ?? '')"
-        page.wait_for_function(f"{verdict}.startsWith('Lossless') || {verdict}.startsWith('Not lossless')", timeout=60_000)
+        ended = f"{verdict}.startsWith('Lossless') || {verdict}.startsWith('Not lossless')"
+        page.wait_for_function(ended, timeout=60_000)
         return
     done = """() => { const cells = [...document.querySelectorAll('#headline .big')];
         return cells.length === 3 && !cells.some(c => c.dataset.old) && cells[0].textContent !== '…'; }"""
@@ -390,7 +392,7 @@ def test_every_lesson_loads_its_settings_and_runs(browser, app):
     assert "not measured" in page.inner_text("#headline")  # the comparison is off: the form says so too
     assert not page.get_by_label("Then run the target alone, to compare").is_checked()
     run_lesson(page, "greedy")
-    assert "identical" in page.inner_text("#summary")
+    assert "identical" in page.text_content("#summary")
     assert "tok-rejected" in page.eval_on_selector_all("#tokens .tok", outcome)  # wrong drafts, the same text
     run_lesson(page, "three-candidates")
     assert page.input_value("#num-candidates input[type=number]") == "3"

@@ -62,3 +62,17 @@ def test_each_sentence_is_decoded_after_the_rounds_before_it():
     rounds = [make_round(0, [1], 1, "bonus", 0.1), make_round(1, [2], 0, "resampled", 0.1)]
     sentences = round_sentences(rounds, decode, [6])
     assert len(sentences) == 2 and "' cat'" in sentences[1] and "'!'" in sentences[1]
+
+
+def test_a_greedy_round_speaks_of_argmaxes_not_of_u():
+    round_ = replace(
+        make_round(0, [1, 2, 3], 1, "resampled", 0.1),
+        target_probs=[1.0, 0.0, 0.0],
+        draft_probs=[1.0, 1.0, 1.0],
+        acceptance_probs=[1.0, 0.0, 0.0],
+        next_token_id=7,
+    )
+    assert round_sentence(round_, decode, [], greedy=True) == (
+        "The draft proposed three tokens. The target accepted ' the' (its argmax), rejected ' cat' (not its argmax) "
+        "and took its argmax ' ran' instead. The one draft after it was never tested."
+    )

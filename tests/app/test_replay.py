@@ -87,3 +87,51 @@ def test_next_round_stops_at_the_last_with_a_sentence_and_the_inspector_names_un
     assert "never tested" in step_view.inspect_token(record, event)[0]
     note, figure = step_view.inspect_token(record, gr.EventData(None, {"round": 0, "position": 0}))
     assert note.startswith("Round 1") and figure["visible"] is True
+
+
+def replayed(tiny_target, tiny_draft, temperature: float, num_candidates: int) -> tuple[list, dict]:
+    sampling = SamplingConfig(temperature=temperature, seed=5)
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40, num_candidates=num_candidates)
+    drafter = ModelDrafter(tiny_draft, SamplingConfig(temperature=1.0, seed=6), TINY_VOCAB)
+    rounds = list(speculative_generate(tiny_target, drafter, torch.tensor([PROMPT]), sampling, spec, frozenset()))
+    return rounds, json.loads(json.dumps(replay_record(rounds, decode, PROMPT, greedy=temperature == 0)))
+
+
+def test_with_three_candidates_the_inspector_lists_each_test_of_a_position_in_the_rules_order(tiny_target, tiny_draft):
+    """At each position of the path: the candidates still alive there (the path's prefix), tried in order, each
+    rejected but the last, which is the path's accepted test (after a rejection the path is one of those rejected);
+    each is tested against the residual of those before it."""
+    rounds, record = replayed(tiny_target, tiny_draft, 1.0, 3)
+    several = 0
+    for round_, replay in zip(rounds, record["rounds"], strict=True):
+        path = round_.draft_token_ids
+        for position, view in enumerate(replay["views"]):
+            if view["step"] != "test":
+                assert view["tests"] == []
+                continue
+            tests = view["tests"]
+            numbers = [test["candidate"] for test in tests]
+            assert numbers == sorted(numbers) and round_.path + 1 in numbers, (numbers, round_.path)
+            if view["accepted"]:
+                assert numbers[-1] == round_.path + 1
+            for test in tests:
+                candidate = round_.candidates[test["candidate"] - 1]
+                assert candidate.token_ids[:position] == path[:position]  # alive: it shares the path's prefix
+            assert [test["accepted"] for test in tests] == [False] * (len(tests) - 1) + [view["accepted"]]
+            if len(tests) > 1:
+                several += 1
+                title = view_title(view, 1, position)
+                assert "Tested here, in turn: candidate" in title and "against the residual after 1 rejected" in title
+    assert several > 0  # the run has positions where a candidate met the residual of another
+
+
+def test_a_greedy_run_says_argmax_and_draws_no_u(tiny_target, tiny_draft):
+    rounds, record = replayed(tiny_target, tiny_draft, 0.0, 1)
+    number = next(i for i, r in enumerate(rounds) if r.num_accepted < len(r.draft_token_ids))
+    position = rounds[number].num_accepted
+    view = record["rounds"][number]["views"][position]
+    assert record["greedy"] is True and "not its argmax" in record["rounds"][number]["sentence"]
+    title = view_title(view, number + 1, position, greedy=True)
+    assert "greedy, so" in title and "is not the target's argmax" in title and "emitted instead" in title
+    names = [trace.name for trace in inspector_figure(view, "", greedy=True).data]
+    assert names[:2] == ["target p", "draft q"] and not any(name.startswith("u = ") for name in names)
