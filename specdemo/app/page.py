@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from specdemo.app import audit_tab, batch_tab, one_prompt
+from specdemo.app import audit_tab, batch_tab, one_prompt, step_view
 from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair
 from specdemo.app.lessons import LessonRow
 from specdemo.app.render import LEGEND_HTML
@@ -35,6 +35,14 @@ RUN_ON_OPEN_JS = f"""() => {{
 PRESENTER_JS = (
     "if (new URLSearchParams(location.search).get('view') === 'present') document.body.classList.add('present');"
 )
+# The toggle beside the lessons: the same class, and the address keeps ?view=present so a reload or a copied address
+# stays in the view.
+PRESENTER_TOGGLE_JS = """() => {
+  const on = document.body.classList.toggle('present');
+  const address = new URL(location.href);
+  if (on) address.searchParams.set('view', 'present'); else address.searchParams.delete('view');
+  history.replaceState(null, '', address);
+}"""
 PRESENTER_HEAD = """<style>
 body.present #settings-column, body.present #limits, body.present #examples,
 body.present #header p:first-of-type { display: none !important; }
@@ -52,7 +60,11 @@ def build_demo(
     server = Server.start(cache, run_concurrency=run_concurrency)
     with gr.Blocks(title="specdemo: speculative decoding, made visible", delete_cache=DELETE_CACHE) as demo:
         gr.HTML(
-            HEADER, css_template=one_prompt.THEME_CSS, elem_id="header", head=PRESENTER_HEAD, js_on_load=PRESENTER_JS
+            HEADER,
+            css_template=one_prompt.THEME_CSS,
+            elem_id="header",
+            head=PRESENTER_HEAD + step_view.STEP_HEAD,
+            js_on_load=PRESENTER_JS,
         )
         link_note = gr.Markdown(elem_id="link-note", visible=False)
         with gr.Row():
@@ -60,6 +72,7 @@ def build_demo(
                 settings, note, kinds = settings_column()
             with gr.Column(scale=2):
                 lessons = LessonRow()
+                presenter = gr.Button("Presenter view on/off", size="sm", elem_id="presenter", scale=0, min_width=160)
                 with gr.Tabs() as lessons.tabs:
                     with gr.Tab("One prompt", id="one"):
                         prompt = one_prompt.build_tab(server, settings, lessons)
@@ -74,6 +87,7 @@ def build_demo(
             queue=False,
             api_visibility="private",
         )
+        presenter.click(None, js=PRESENTER_TOGGLE_JS, api_visibility="private")
         opened = demo.load(
             open_link,
             outputs=[prompt, *settings.values(), link_note],

@@ -14,12 +14,18 @@ from specdemo.app.replay import check_replay, inspector_figure, step_html, step_
 MAX_TRACE_BYTES = 20_000_000  # a 512-token run's trace is about 1 MB
 START = "Press Next round to decode a run and step through it here round by round, or replay a trace you downloaded."
 DECODING = "Decoding the run with the form's settings: round 1 shows here when it is done."
-# Next round with nothing to step through yet starts the run (the page's own Run button, so its checks and limits).
+# Next round with nothing to step through yet starts the run (the page's own Run button, so its checks and limits),
+# and hides the run's tokens meanwhile (body.stepping), so they come one round at a time here, not all at once above.
 RUN_FIRST_JS = f"""() => {{
   if (document.querySelector('#round-sentence')?.innerText.startsWith({START[:20]!r})) {{
+    document.body.classList.add('stepping');
+    window.specdemoStepStart = true;
     document.querySelector('#run')?.click();
+  }} else if (/^Round (\\d+) of \\1\\./.test(document.querySelector('#round-sentence')?.innerText ?? '')) {{
+    document.body.classList.remove('stepping');  // past the last round: the whole run shows again
   }}
 }}"""
+STEP_HEAD = "<style>body.stepping #tokens { display: none !important; }</style>"
 # Clicks on tokens (delegated, so tokens streamed in later count too) and the N key (outside text fields).
 INSPECT_JS = """
 element.addEventListener('click', (event) => {
@@ -28,6 +34,13 @@ element.addEventListener('click', (event) => {
 });
 if (!window.specdemoStepKeys) {
   window.specdemoStepKeys = true;
+  // Run, Enter in the prompt or a lesson (not the Run that Next round pressed) shows the run's tokens as they stream.
+  document.addEventListener('click', (event) => {
+    if (event.target.closest('#run, #lessons button')) {
+      if (!window.specdemoStepStart) document.body.classList.remove('stepping');
+      window.specdemoStepStart = false;
+    }
+  }, true);
   document.addEventListener('keydown', (event) => {
     const typing = event.target.closest('input, textarea, [contenteditable="true"]');
     if (!typing && !event.ctrlKey && !event.metaKey && !event.altKey && event.key.toLowerCase() === 'n') {

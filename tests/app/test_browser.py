@@ -257,6 +257,7 @@ def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app)
     page.wait_for_function("document.querySelector('#headline')?.innerText.includes('not measured')", timeout=120_000)
     page.wait_for_function("document.querySelector('#round-sentence')?.innerText.startsWith('Round 1 of')")
     sentences = [page.inner_text("#round-sentence")]
+    assert not page.locator("#tokens").is_visible()  # the run's tokens come one round at a time, in the step view
     for step in range(2, 6):
         if step == 3:
             page.locator("body").press("n")  # the keyboard shortcut
@@ -272,6 +273,9 @@ def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app)
     page.fill("#replay input[type=number]", total)  # the slider's end: the whole run
     page.locator("#replay input[type=number]").press("Enter")
     page.wait_for_function(f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {total} of')")
+    page.click("#next-round")  # past the last round: a sentence, and the whole run shows again
+    page.wait_for_function("document.querySelector('#round-sentence')?.innerText.startsWith('That was the last')")
+    assert page.locator("#tokens").is_visible()
     page.locator("#step-tokens .tok-rejected[data-r]").first.click()
     page.wait_for_selector("#inspector .js-plotly-plot .main-svg", timeout=30_000)
     page.wait_for_function("document.querySelector('#inspector-note')?.innerText.includes('rejected')")
@@ -340,8 +344,11 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     assert again.evaluate("document.body.classList.contains('present')")
     assert not again.locator("#settings-column").is_visible()
     again.close()
-    page.evaluate("document.body.classList.add('present')")  # the run as the presenter view shows it
+    page.click("#presenter")  # the toggle: the run as the presenter view shows it
+    assert "view=present" in page.url and not page.locator("#settings-column").is_visible()
     page.screenshot(path=str(ARTIFACTS / "presenter.png"), full_page=True)
+    page.click("#presenter")
+    assert "view=" not in page.url and page.locator("#settings-column").is_visible()
     page.close()
 
 
