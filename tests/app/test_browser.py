@@ -276,6 +276,10 @@ def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app)
     page.click("#next-round")  # past the last round: a sentence, and the whole run shows again
     page.wait_for_function("document.querySelector('#round-sentence')?.innerText.startsWith('That was the last')")
     assert page.locator("#tokens").is_visible()
+    page.fill("#replay input[type=number]", str(int(total) - 1))  # back one round, and Next to the last again
+    page.locator("#replay input[type=number]").press("Enter")
+    page.click("#next-round")
+    page.wait_for_function(f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {total} of')")
     page.locator("#step-tokens .tok-rejected[data-r]").first.click()
     page.wait_for_selector("#inspector .js-plotly-plot .main-svg", timeout=30_000)
     page.wait_for_function("document.querySelector('#inspector-note')?.innerText.includes('rejected')")
