@@ -2,7 +2,10 @@
 and the residual and the trace's replay record, against the same runs with both left out, interleaved; and the
 replay record's size per round.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/inspector_cost.py --repeats 3"""
+    PYTHONPATH=. .venv/bin/python benchmarks/inspector_cost.py --repeats 3
+    PYTHONPATH=. .venv/bin/python benchmarks/inspector_cost.py --repeats 3 \
+        --prompts-file benchmarks/prompts/teaching-fresh.jsonl
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from contextlib import nullcontext
 from unittest import mock
 
 from specdemo.bench.app import bench_app
-from specdemo.bench.prompts import PROMPTS
+from specdemo.bench.prompts import PROMPTS, load_prompts
 
 
 def without_inspector() -> tuple:
@@ -28,9 +31,10 @@ def main(argv: list[str] | None = None) -> dict:
     flags = argparse.ArgumentParser(description=__doc__)
     flags.add_argument("--repeats", type=int, default=3, help="interleaved pairs of runs")
     flags.add_argument("--prompts", type=int, default=3, help="of the bench's open-ended prompts")
+    flags.add_argument("--prompts-file", help="a prompts file instead (e.g. prompts written after the code)")
     flags.add_argument("--max-new-tokens", type=int, default=128)
     args = flags.parse_args(argv)
-    prompts = PROMPTS[6 : 6 + args.prompts]
+    prompts = load_prompts(args.prompts_file) if args.prompts_file else PROMPTS[6 : 6 + args.prompts]
     speeds: dict[str, list[float]] = {"with": [], "without": []}
     sizes: list[float] = []
     for _ in range(args.repeats):

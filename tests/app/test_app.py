@@ -22,7 +22,7 @@ import specdemo.app.one_prompt as one_prompt
 from specdemo.app import batch_tab, page
 from specdemo.app.form import parse_request
 from specdemo.app.runs import Run, Server
-from specdemo.app.serving import MAX_DOWNLOADS, Downloads
+from specdemo.app.serving import Downloads
 from specdemo.cli.main import main
 from specdemo.core.stats import emitted_ids
 from specdemo.engine.decoding import autoregressive_generate
@@ -320,18 +320,20 @@ def test_the_queue_looks_for_events_every_20_ms_not_every_1():
         assert getattr(demo._queue, name) == seconds, name
 
 
-def test_fifty_runs_leave_a_bounded_folder_of_downloads(app, app_server):
-    """Every trace and audit file lives in one folder of Gradio's cache, which keeps the newest MAX_DOWNLOADS: a Space
-    that runs for weeks does not fill its disk. Before, each run left a file in /tmp for good."""
+def test_many_runs_leave_a_bounded_folder_of_downloads(app, app_server, monkeypatch):
+    """Every trace and audit file lives in one folder of Gradio's cache, which keeps the newest few (MAX_DOWNLOADS; 4
+    here, so 12 runs overflow it thrice): a Space that runs for weeks does not fill its disk. Before, each run left a
+    file in /tmp for good."""
     folder = app_server.downloads.folder
+    monkeypatch.setattr(app_server.downloads, "limit", 4)
 
     def trace_path(seed: int) -> str:
         run = {"prompt": f"Count to {seed}.", "max_new_tokens": 2, "compare": False, "seed": seed}
         return Client(app, verbose=False).predict(**run, api_name="/generate")[6]["value"]
 
-    with ThreadPoolExecutor(max_workers=8) as pool:  # eight users at a time, as on a Space
-        paths = list(pool.map(trace_path, range(50)))
+    with ThreadPoolExecutor(max_workers=4) as pool:  # users at the same time, as on a Space
+        paths = list(pool.map(trace_path, range(12)))
     files = list(folder.glob("*.json"))
-    assert len(files) == MAX_DOWNLOADS, len(files)
+    assert len(files) == 4, len(files)
     assert Path(paths[-1]).name in {file.name for file in files}  # the newest is kept, and served from there
-    assert json.loads(Path(paths[-1]).read_text())["prompt"] == "Count to 49."
+    assert json.loads(Path(paths[-1]).read_text())["prompt"] == "Count to 11."
