@@ -183,7 +183,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
                 api_visibility="private",
             )
         )
-    step_view.build(trace, tokens, events, THEME_CSS)
+    step_view.build(server, trace, tokens, events, THEME_CSS, inputs)
     copy_link.click(None, inputs=[prompt, *settings.values()], outputs=link, js=link_js(), api_visibility="private")
     copy_link.click(lambda: gr.update(visible=True), outputs=link, queue=False, api_visibility="private")
     # The note comes after the cancel, so no update of the stopped run that was already on its way overwrites it.

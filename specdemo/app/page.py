@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from specdemo.app import audit_tab, batch_tab, one_prompt, step_view
+from specdemo.app import audit_tab, batch_tab, one_prompt
 from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair
 from specdemo.app.lessons import LessonRow
 from specdemo.app.render import LEGEND_HTML
@@ -63,7 +63,7 @@ def build_demo(
             HEADER,
             css_template=one_prompt.THEME_CSS,
             elem_id="header",
-            head=PRESENTER_HEAD + step_view.STEP_HEAD,
+            head=PRESENTER_HEAD,
             js_on_load=PRESENTER_JS,
         )
         link_note = gr.Markdown(elem_id="link-note", visible=False)

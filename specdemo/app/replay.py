@@ -100,11 +100,12 @@ def step_html(record: dict, upto: int) -> str:
 
 
 def step_sentence(record: dict, upto: int) -> str:
-    """'Round 3 of 12: <its sentence>', or how to begin."""
+    """'Round 3 of 12. <its sentence>' ('of 3 so far' while a run decoded round by round goes on), or how to begin."""
     total = len(record["rounds"])
     if upto <= 0:
         return f"The run has {total} rounds: press **Next round** (or the N key) to step through them."
-    return f"**Round {upto} of {total}.** {html.escape(record['rounds'][upto - 1]['sentence'], quote=False)}"
+    of = f"{total} so far (Next round decodes the next)" if record.get("live") else total
+    return f"**Round {upto} of {of}.** {html.escape(record['rounds'][upto - 1]['sentence'], quote=False)}"
 
 
 def _acceptance_line(view: dict) -> list[dict]:

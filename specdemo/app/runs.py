@@ -20,6 +20,8 @@ from specdemo.config import check_prompt_fits
 from specdemo.core.rounds import Round
 from specdemo.core.stats import round_record, run_stats
 from specdemo.drafters.registry import NGRAM
+from specdemo.engine.decoding import BatchDecoder
+from specdemo.engine.drafting import build_drafter
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.engine.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids
@@ -165,6 +167,43 @@ def trace_record(
         "baseline_stats": run_stats(baseline).as_dict() if baseline else None,
         "replay": replay_record(rounds, decode_fn(target), prompt_ids, request.sampling.is_greedy),
     }
+
+
+class Stepper:
+    """A run decoded one round per call, for the step view's Next round: a one-row BatchDecoder of its own (the
+    engine, rule and seed a run alone gets), each round taken under the models' lock as the schedulers take theirs, so
+    other users' runs go on between two presses."""
+
+    def __init__(self, run: Run) -> None:
+        request = run.request
+        drafter = build_drafter(request.pair.drafter, run.target, run.draft, request.drafter_options)
+        self.decoder = BatchDecoder(run.target.model, drafter, run.target.eos_token_ids)
+        self.decoder.add(0, run.prompts[0], request.sampling, request.speculative)
+        self.run = run
+        self.decoded: list[Round] = []
+        self.lock = threading.Lock()  # one round at a time, however fast the presses
+
+    @property
+    def done(self) -> bool:
+        return not self.decoder.rows
+
+    def step(self) -> None:
+        """Decode the next round (nothing once the run has ended); a failure of the row is raised."""
+        with self.lock:
+            if self.done:
+                return
+            with self.run.schedulers.models_lock, openmp_workers_released():
+                [(_, outcome)] = self.decoder.step()
+            if isinstance(outcome, Exception):
+                raise outcome
+            self.decoded.append(outcome)
+
+    def record(self) -> dict:
+        """The replay record of the rounds so far, `live` while more can come."""
+        request = self.run.request
+        decode = decode_fn(self.run.target)
+        record = replay_record(self.decoded, decode, self.run.prompts[0], request.sampling.is_greedy)
+        return record | {"live": not self.done}
 
 
 def decode_fn(loaded: LoadedModel) -> Callable[[list[int]], str]:

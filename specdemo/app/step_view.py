@@ -1,31 +1,27 @@
-"""Step through a run: after each run (or from a downloaded trace) the page replays it round by round, a sentence per
-round, and a click on any token opens the inspector: p, q, the residual and u as bars, from the run's own trace."""
+"""Step through a run: Next round decodes the form's run one round at a time; after each run (or from a downloaded
+trace) the page replays it round by round; a sentence per round, and a click on any token opens the inspector: p, q,
+the residual and u as bars, from the run's own trace."""
 
 from __future__ import annotations
 
 import json
+import threading
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
 
+from specdemo.app.form import names
 from specdemo.app.messages import user_error
 from specdemo.app.replay import check_replay, inspector_figure, step_html, step_sentence, view_title
+from specdemo.app.runs import Server, Stepper, read_values
 
 MAX_TRACE_BYTES = 20_000_000  # a 512-token run's trace is about 1 MB
-START = "Press Next round to decode a run and step through it here round by round, or replay a trace you downloaded."
-DECODING = "Decoding the run with the form's settings: round 1 shows here when it is done."
-# Next round with nothing to step through yet starts the run (the page's own Run button, so its checks and limits),
-# and hides the run's tokens meanwhile (body.stepping), so they come one round at a time here, not all at once above.
-RUN_FIRST_JS = f"""() => {{
-  if (document.querySelector('#round-sentence')?.innerText.startsWith({START[:20]!r})) {{
-    document.body.classList.add('stepping');
-    window.specdemoStepStart = true;
-    document.querySelector('#run')?.click();
-  }} else if (/^Round (\\d+) of \\1\\./.test(document.querySelector('#round-sentence')?.innerText ?? '')) {{
-    document.body.classList.remove('stepping');  // past the last round: the whole run shows again
-  }}
-}}"""
-STEP_HEAD = "<style>body.stepping #tokens { display: none !important; }</style>"
+STEPPER_SECONDS = 900  # a run decoded round by round is let go this long after its last press (or when the tab goes)
+START = (
+    "Press Next round to decode the form's run one round at a time, or Run to decode it whole and step through it "
+    "here; or replay a trace you downloaded."
+)
 # Clicks on tokens (delegated, so tokens streamed in later count too) and the N key (outside text fields).
 INSPECT_JS = """
 element.addEventListener('click', (event) => {
@@ -34,13 +30,6 @@ element.addEventListener('click', (event) => {
 });
 if (!window.specdemoStepKeys) {
   window.specdemoStepKeys = true;
-  // Run, Enter in the prompt or a lesson (not the Run that Next round pressed) shows the run's tokens as they stream.
-  document.addEventListener('click', (event) => {
-    if (event.target.closest('#run, #lessons button')) {
-      if (!window.specdemoStepStart) document.body.classList.remove('stepping');
-      window.specdemoStepStart = false;
-    }
-  }, true);
   document.addEventListener('keydown', (event) => {
     const typing = event.target.closest('input, textarea, [contenteditable="true"]');
     if (!typing && !event.ctrlKey && !event.metaKey && !event.altKey && event.key.toLowerCase() === 'n') {
@@ -55,9 +44,11 @@ STEP_CSS = """
 """
 
 
-def build(trace: gr.DownloadButton, tokens: gr.HTML, runs: list, theme_css: str) -> None:
-    """The step view under the run's outputs; `runs` are the run events, each of which refreshes it when it ends."""
+def build(server: Server, trace: gr.DownloadButton, tokens: gr.HTML, runs: list, theme_css: str, form: list) -> None:
+    """The step view under the run's outputs; `runs` are the run events, each of which refreshes it when it ends, and
+    `form` the prompt and settings Next round decodes when there is nothing to step through."""
     record = gr.State(None)
+    stepper = gr.State(None, time_to_live=STEPPER_SECONDS)
     with gr.Accordion("Step through the run, and inspect any token", open=True, elem_id="step"):
         with gr.Row(equal_height=True):
             next_round = gr.Button("Next round ▶ (N)", elem_id="next-round", scale=0, min_width=180)
@@ -71,7 +62,7 @@ def build(trace: gr.DownloadButton, tokens: gr.HTML, runs: list, theme_css: str)
         )
         note = gr.Markdown("Click a token above or in the run to inspect it.", elem_id="inspector-note")
         inspector = gr.Plot(elem_id="inspector", show_label=False, visible=False)
-    shown = [record, replay, sentence, step_tokens, note, inspector]
+    shown = [record, stepper, replay, sentence, step_tokens, note, inspector]
     for run in runs:
         run.success(from_trace, inputs=trace, outputs=shown, api_visibility="private")
     upload.upload(from_upload, inputs=upload, outputs=shown, api_visibility="private")
@@ -79,9 +70,14 @@ def build(trace: gr.DownloadButton, tokens: gr.HTML, runs: list, theme_css: str)
     replay.change(
         show_round, inputs=[record, replay], outputs=[sentence, step_tokens], queue=False, api_visibility="private"
     )
-    next_round.click(None, js=RUN_FIRST_JS, api_visibility="private")  # first: it reads the sentence next_step sets
-    next_round.click(
-        next_step, inputs=[record, replay], outputs=[replay, sentence], queue=False, api_visibility="private"
+    next_round.click(  # queued (it may load models and decodes), its status hidden so the sentence stays readable
+        partial(next_step, server),
+        inputs=[record, stepper, replay, *form],
+        outputs=[record, stepper, replay, sentence],
+        show_progress="hidden",
+        concurrency_limit=server.run_concurrency,
+        concurrency_id="step",
+        api_visibility="private",
     )
     for source in (step_tokens, tokens):
         source.inspect(inspect_token, inputs=record, outputs=[note, inspector], api_visibility="private")
@@ -92,6 +88,7 @@ def _loaded(record: dict) -> tuple:
     first = min(1, total)
     return (
         record,
+        None,  # a run decoded round by round before is let go
         gr.update(minimum=0, maximum=total, value=first),
         step_sentence(record, first),
         step_html(record, first),
@@ -103,14 +100,14 @@ def _loaded(record: dict) -> tuple:
 def from_trace(path: str | None) -> tuple:
     """The finished run's replay, from the trace it just wrote."""
     if not path:
-        return tuple(gr.skip() for _ in range(6))
+        return tuple(gr.skip() for _ in range(7))
     return _loaded(check_replay(json.loads(Path(path).read_text()).get("replay")))
 
 
 def from_upload(path: str | None) -> tuple:
     """A downloaded trace to replay; a file too large, not JSON, or from another version is refused in a sentence."""
     if not path:
-        return tuple(gr.skip() for _ in range(6))
+        return tuple(gr.skip() for _ in range(7))
     size = Path(path).stat().st_size
     if size > MAX_TRACE_BYTES:
         raise user_error(
@@ -134,16 +131,37 @@ def show_round(record: dict | None, upto: float) -> tuple[str, str]:
     return step_sentence(record, upto), step_html(record, upto)
 
 
-def next_step(record: dict | None, upto: float) -> tuple:
-    """One round more; past the last, a sentence and nothing else changes."""
-    if record is None:
-        return gr.skip(), DECODING
-    total = len(record["rounds"])
-    if int(upto) >= total:
-        return gr.skip(), (
-            f"**That was the last round**: the run ended after {total} rounds. Drag the slider back, or run again."
+def next_step(server: Server, record: dict | None, stepper: Stepper | None, upto: float, *form: object) -> tuple:
+    """One round more: the next of the run on show; past its last, the next decoded, while a run decoded round by
+    round goes on; with nothing to step through, the first round of the form's run (its checks, engine and seed).
+    Past a finished run's last round, a sentence and nothing else changes."""
+    upto = int(upto or 0)
+    if record is not None and upto < len(record["rounds"]):
+        return gr.skip(), gr.skip(), upto + 1, gr.skip()
+    if record is not None and not record.get("live"):
+        total = len(record["rounds"])
+        return (
+            gr.skip(),
+            gr.skip(),
+            gr.skip(),
+            (f"**That was the last round**: the run ended after {total} rounds. Drag the slider back, or run again."),
         )
-    return int(upto) + 1, gr.skip()
+    if stepper is None or record is None:
+        named, progress = read_values(["prompt", *names()], form)
+        try:
+            stepper = Stepper(server.prepare([named.pop("prompt")], named, progress, threading.Event()))
+        except ValueError as error:
+            raise user_error(str(error)) from error
+    try:
+        stepper.step()
+    except Exception as error:  # a model error: this stepping ends, the app and its models stay
+        raise user_error(
+            f"The round failed ({error.__class__.__name__}: {str(error)[:200]}). Press Next round to start again.",
+            log=True,
+        ) from error
+    record = stepper.record()
+    total = len(record["rounds"])
+    return record, stepper, gr.update(minimum=0, maximum=total, value=total), gr.skip()
 
 
 def inspect_token(record: dict | None, event: gr.EventData) -> tuple:

@@ -26,7 +26,7 @@ from specdemo.app.serving import Downloads
 from specdemo.cli.main import main
 from specdemo.core.stats import emitted_ids
 from specdemo.engine.decoding import autoregressive_generate
-from specdemo.engine.scheduler import Schedulers
+from specdemo.engine.scheduler import DecodeRequest, Schedulers
 from specdemo.models.loading import chat_prompt_ids, native_bfloat16
 from specdemo.models.shared import ModelCache
 from tests.helpers import (
@@ -337,3 +337,28 @@ def test_many_runs_leave_a_bounded_folder_of_downloads(app, app_server, monkeypa
     assert len(files) == 4, len(files)
     assert Path(paths[-1]).name in {file.name for file in files}  # the newest is kept, and served from there
     assert json.loads(Path(paths[-1]).read_text())["prompt"] == "Count to 11."
+
+
+def test_next_round_decodes_one_round_a_press_and_gives_the_tokens_of_the_same_run(app_server):
+    """The step view's Next round with nothing to step through decodes the form's run one round per press (the record
+    growing by one, 'so far' while it goes on), and its rounds are those of the same run decoded whole."""
+    from specdemo.app import step_view
+    from specdemo.app.form import names
+
+    values = settings("Explain why the sky is blue.", pair="smollm2-135m-self", temperature=0.7, max_new_tokens=20)
+    form = [values["prompt"], *(values[name] for name in names())]
+    record, stepper, upto = None, None, 0
+    for press in range(1, 4):
+        record, stepper, slider, _ = step_view.next_step(app_server, record, stepper, upto, *form)
+        upto = slider["value"]
+        assert upto == len(record["rounds"]) == press and record["live"]
+        assert "so far" in step_view.show_round(record, upto)[0]
+    while record["live"]:
+        record, stepper, slider, _ = step_view.next_step(app_server, record, stepper, slider["value"], *form)
+    run = app_server.prepare([values["prompt"]], {n: values[n] for n in names()}, gr.Progress(), threading.Event())
+    stream = run.submit(run.target, [DecodeRequest(run.prompts[0], run.request.sampling, run.request.speculative)])
+    alone = [round_ for batch in stream.rounds(0.1) for round_ in batch]
+    assert emitted_ids(stepper.decoded) == emitted_ids(alone) and len(record["rounds"]) == len(alone)
+    assert [r.uniforms for r in stepper.decoded] == [r.uniforms for r in alone]
+    last = step_view.next_step(app_server, record, stepper, len(alone), *form)
+    assert "That was the last round" in last[3]

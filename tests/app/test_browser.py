@@ -245,37 +245,40 @@ def test_the_hybrid_pair_names_who_proposed_each_token(browser, app):
 
 
 def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app):
-    """Five rounds of a sampled run, one sentence each, give the run's own tokens; a rejected token and a resampled one
-    open the inspector with p, q, the residual and u drawn."""
+    """Next round decodes a sampled run one round a press, one sentence each; Run then decodes the same run whole, with
+    the same tokens; stepping through it, a rejected token and a resampled one open the inspector with p, q, the
+    residual and u drawn."""
     page = open_page(browser, app)
     page.get_by_text("Explain why the sky is blue", exact=False).first.click()  # the teaching pair, T = 0.7
     page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')")
     page.locator("#max-new-tokens input[type=number]").fill("32")
     page.locator("#max-new-tokens input[type=number]").press("Enter")
-    page.get_by_label("Then run the target alone, to compare").uncheck()  # the steps are the speculative run's
-    page.click("#next-round")  # nothing to step through yet: Next round starts the run
-    page.wait_for_function("document.querySelector('#headline')?.innerText.includes('not measured')", timeout=120_000)
-    page.wait_for_function("document.querySelector('#round-sentence')?.innerText.startsWith('Round 1 of')")
-    sentences = [page.inner_text("#round-sentence")]
-    assert not page.locator("#tokens").is_visible()  # the run's tokens come one round at a time, in the step view
-    for step in range(2, 6):
+    page.get_by_label("Then run the target alone, to compare").uncheck()
+    sentences = []
+    for step in range(1, 6):  # nothing to step through: each press decodes one round of the form's run
         if step == 3:
             page.locator("body").press("n")  # the keyboard shortcut
         else:
             page.click("#next-round")
-        page.wait_for_function(f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {step} of')")
+        page.wait_for_function(
+            f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {step} of {step} so far')",
+            timeout=60_000,
+        )
         sentences.append(page.inner_text("#round-sentence"))
-    assert all(re.search(r"Round \d+ of \d+\. (The draft|Nothing was drafted)", s) for s in sentences), sentences
+    assert all(re.search(r"so far \(Next round decodes the next\)\. (The draft|Nothing)", s) for s in sentences)
+    assert page.locator("#tokens .tok").count() == 0  # nothing decoded whole yet
     kept = "els => els.filter(e => !e.classList.contains('tok-rejected')).map(e => e.textContent).join('')"
     stepped = page.eval_on_selector_all("#step-tokens .tok", kept)
-    assert stepped and page.eval_on_selector_all("#tokens .tok", kept).startswith(stepped)
-    total = re.match(r"Round 5 of (\d+)", sentences[-1]).group(1)
+    page.click("#run")  # the same run, whole: the same tokens, and the step view shows its round 1
+    page.wait_for_function("document.querySelector('#headline')?.innerText.includes('not measured')", timeout=120_000)
+    page.wait_for_function("/^Round 1 of \\d+\\. /.test(document.querySelector('#round-sentence')?.innerText)")
+    assert stepped and page.eval_on_selector_all("#tokens .tok", kept).startswith(stepped), stepped
+    total = re.match(r"Round 1 of (\d+)", page.inner_text("#round-sentence")).group(1)
     page.fill("#replay input[type=number]", total)  # the slider's end: the whole run
     page.locator("#replay input[type=number]").press("Enter")
     page.wait_for_function(f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {total} of')")
-    page.click("#next-round")  # past the last round: a sentence, and the whole run shows again
+    page.click("#next-round")  # past the last round: a sentence
     page.wait_for_function("document.querySelector('#round-sentence')?.innerText.startsWith('That was the last')")
-    assert page.locator("#tokens").is_visible()
     page.fill("#replay input[type=number]", str(int(total) - 1))  # back one round, and Next to the last again
     page.locator("#replay input[type=number]").press("Enter")
     page.click("#next-round")

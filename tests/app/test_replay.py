@@ -78,10 +78,9 @@ def test_a_trace_that_cannot_be_replayed_gets_one_sentence(run, tmp_path):
 
 def test_next_round_stops_at_the_last_with_a_sentence_and_the_inspector_names_untested_tokens(run):
     rounds, record = run
-    assert step_view.next_step(record, 0)[0] == 1
-    past = step_view.next_step(record, len(rounds))
-    assert "That was the last round" in past[1]
-    assert step_view.next_step(None, 0)[1] == step_view.DECODING  # and the page's script presses Run
+    assert step_view.next_step(None, record, None, 0)[2] == 1  # no model: the run on show is stepped
+    past = step_view.next_step(None, record, None, len(rounds))
+    assert "That was the last round" in past[3]
     untested = next(i for i, r in enumerate(rounds) if r.num_accepted + 1 < len(r.draft_token_ids))
     event = gr.EventData(None, {"round": untested, "position": len(rounds[untested].views)})
     assert "never tested" in step_view.inspect_token(record, event)[0]
