@@ -53,7 +53,8 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int], gr
             if offered
             else "Nothing was drafted: the drafter had nothing to propose."
         )
-        took = f" and {_drew(next_text, greedy)}" if next_text else ", and the run ended"
+        drew = f": its argmax {next_text}" if greedy else f" and drew {next_text} from its own p"
+        took = drew if next_text else ", and the run ended"
         return f"{why} The target took one plain step{took}."
     proposed = f"The draft proposed {_count(len(drafted), 'token')}."
     if width > 1:
@@ -87,10 +88,6 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int], gr
         f"{proposed} The target accepted {everything}: {_listing(accepted)}, and the same pass gave the bonus token "
         f"{next_text}{', its argmax' if greedy else ' from its own p'}."
     )
-
-
-def _drew(token: str, greedy: bool) -> str:
-    return f"took its argmax {token}" if greedy else f"drew {token} from its own p"
 
 
 def round_sentences(rounds: Sequence[Round], decode: Decode, prompt_ids: Sequence[int]) -> list[str]:

@@ -76,3 +76,5 @@ def test_a_greedy_round_speaks_of_argmaxes_not_of_u():
         "The draft proposed three tokens. The target accepted ' the' (its argmax), rejected ' cat' (not its argmax) "
         "and took its argmax ' ran' instead. The one draft after it was never tested."
     )
+    plain = replace(make_round(1, [], 0, "bonus", 0.1), next_token_id=7)
+    assert round_sentence(plain, decode, [], greedy=True).endswith("The target took one plain step: its argmax ' ran'.")
