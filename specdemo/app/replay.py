@@ -213,6 +213,6 @@ def _candidate_test(test: dict, order: int) -> str:
     sign = "<" if test["accepted"] else "≥"
     verdict = "accepted" if test["accepted"] else "rejected"
     return (
-        f"candidate {test['candidate']} {test['token']!r} against {against}: {left} = {test['p']:.2f}, "
-        f"q = {test['q']:.2f}, u = {test['u']:.2f} {sign} {test['ratio']:.2f}, {verdict}"
+        f"candidate {test['candidate']} {test['token']!r} against {against}: {left} = {test['p']:.3g}, "
+        f"q = {test['q']:.3g}, u = {test['u']:.2f} {sign} {test['ratio']:.3g}, {verdict}"
     )
