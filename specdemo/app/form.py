@@ -258,8 +258,9 @@ def parse_request(prompt: str, values: dict[str, Any]) -> RunRequest:
 
 
 def describe_pair(pair_key: str) -> list:
-    """What changes with the pair: its note, the custom id fields, the draft temperature (draft models only) and the
-    options of the kind it drafts with (the others hidden)."""
+    """What changes with the pair, however it was set: its note, the custom id fields, whether the draft temperature
+    shows (draft models only) and the options of the kind it drafts with (the others hidden). No value changes here:
+    a shared link or a lesson that sets the pair sets the values that go with it."""
     custom = pair_key == CUSTOM
     pair = None if custom else find_pair(pair_key)
     note = (
@@ -268,10 +269,17 @@ def describe_pair(pair_key: str) -> list:
         else (pair.note)
     )
     draft_model = custom or pair.uses_draft_model
-    updates = [note, gr.update(visible=custom), gr.update(visible=custom)]
-    temperature = (pair.draft_temperature or 0.0) if pair is not None and pair.uses_draft_model else gr.skip()
-    updates.append(gr.update(visible=draft_model, value=temperature))
+    updates = [note, gr.update(visible=custom), gr.update(visible=custom), gr.update(visible=draft_model)]
     kinds = {spec.kind for spec in RUN_FIELDS if spec.kind}
     drafter = pair.drafter if pair is not None else None
     updates += [gr.update(visible=custom or kind == drafter) for kind in sorted(kinds)]  # one column per kind
     return updates
+
+
+def pair_draft_temperature(pair_key: str) -> Any:
+    """The draft temperature a pair suggests, when a person picks the pair (its own, or 0 for a draft model without
+    one); other pairs leave the value alone."""
+    pair = None if pair_key == CUSTOM else find_pair(pair_key)
+    if pair is None or not pair.uses_draft_model:
+        return gr.skip()
+    return pair.draft_temperature or 0.0

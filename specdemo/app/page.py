@@ -6,7 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from specdemo.app import audit_tab, batch_tab, one_prompt
-from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair
+from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair, pair_draft_temperature
 from specdemo.app.lessons import LessonRow
 from specdemo.app.render import LEGEND_HTML
 from specdemo.app.runs import QUEUE_SIZE, RUN_CONCURRENCY, Server
@@ -84,6 +84,13 @@ def build_demo(
             describe_pair,
             inputs=settings["pair"],
             outputs=[note, settings["custom_target"], settings["custom_draft"], settings["draft_temperature"], *kinds],
+            queue=False,
+            api_visibility="private",
+        )
+        settings["pair"].input(  # a person's pick only: a shared link's or a lesson's own value is not overwritten
+            pair_draft_temperature,
+            inputs=settings["pair"],
+            outputs=settings["draft_temperature"],
             queue=False,
             api_visibility="private",
         )

@@ -329,6 +329,7 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     page = open_page(browser, app)
     tokens = "els => els.map(e => e.className + ':' + e.textContent).join('|')"
     query = f"prompt={quote('Explain why the sky is blue.')}&pair=smollm2-135m-self&temperature=0.7&seed=3"
+    query += "&draft_temperature=1.2"  # not the pair's own 1.5: the pair's arrival must not overwrite it
     page.goto(f"{app}?{query}&max_new_tokens=12&compare=false&run=1", wait_until="domcontentloaded")
     page.wait_for_function("document.querySelector('#link-note')?.innerText.includes('re-running it')")
     done = "document.querySelector('#headline')?.innerText.includes('not measured')"
@@ -339,6 +340,7 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     page.wait_for_function("document.querySelector('#share-link textarea')?.value.includes('seed=3')")
     link = page.input_value("#share-link textarea")
     assert "max_new_tokens=12" in link and "pair=smollm2-135m-self" in link and "compare=false" in link
+    assert "draft_temperature=1.2" in link, link
     again = browser.new_page(viewport={"width": 1400, "height": 1300})
     again.goto(link, wait_until="domcontentloaded")
     again.wait_for_function(done, timeout=120_000)

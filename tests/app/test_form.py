@@ -55,3 +55,15 @@ def test_the_tables_defaults_are_the_apis_defaults_as_they_were():
         "min_ngram_size": 2,
         "suffix_cache_tokens": 20_000,
     }
+
+
+def test_picking_a_pair_suggests_its_draft_temperature_and_setting_one_changes_no_value():
+    """A person's pick (the dropdown's input event) sets the pair's draft temperature; describe_pair, which also runs
+    when a shared link or a lesson sets the pair, only shows and hides (a link's draft_temperature=1.2 stays)."""
+    import gradio as gr
+
+    from specdemo.app.form import describe_pair, pair_draft_temperature
+
+    assert pair_draft_temperature("smollm2-135m-self") == 1.5
+    assert isinstance(pair_draft_temperature("smollm2-135m-suffix"), type(gr.skip()))
+    assert all("value" not in update for update in describe_pair("smollm2-135m-self")[1:] if isinstance(update, dict))
