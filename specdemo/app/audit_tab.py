@@ -281,18 +281,16 @@ def wire(
         preprocess=False,
         api_name="audit",
     )
-    events = [event]
-    for lesson, loaded in lessons.load("audit", inputs, lambda lesson: lesson.values(AUDIT_FIELDS)):
-        lesson_steps = partial(audit_steps, server, *lesson.values(AUDIT_FIELDS))  # its own values, as a run's
-        events.append(
-            loaded.then(
-                stoppable(lesson_steps, signature([], []), f"lesson_{lesson.key}", audit_steps.__doc__),
-                outputs=outputs,
-                concurrency_limit=1,
-                concurrency_id="audit",
-                api_visibility="private",
-            )
-        )
+    audits = lessons.wire(
+        "audit",
+        inputs,
+        lambda lesson: lesson.values(AUDIT_FIELDS),
+        partial(audit_steps, server),
+        outputs,
+        concurrency_limit=1,
+        concurrency_id="audit",
+    )
+    events = [event, *(ran for _, _, ran in audits)]
     stop.click(None, cancels=events, api_visibility="private")
 
 

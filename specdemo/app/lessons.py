@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import gradio as gr
 
-from specdemo.app.form import Field, defaults
+from specdemo.app.form import Field, defaults, signature
+from specdemo.app.serving import stoppable
 
 SPELLING = (
     "Correct the spelling mistakes in this text and return the corrected text:\n\nThe quartely planing meeting is "
@@ -110,21 +112,33 @@ class LessonRow:
         self.note = gr.Markdown(visible=False, elem_id="lesson-note")
         self.tabs: gr.Tabs | None = None
 
-    def load(
-        self, tab: str, outputs: list[gr.components.Component], values: Callable[[Lesson], list]
-    ) -> Iterator[tuple[Lesson, gr.events.Dependency]]:
-        """For each lesson of `tab`: its button's event that sets `outputs` to `values(lesson)`, says what to watch
-        and shows the tab. The caller chains the run onto it."""
+    def wire(
+        self,
+        tab: str,
+        form: list[gr.components.Component],
+        values: Callable[[Lesson], list],
+        steps: Callable[..., Iterator[tuple]],
+        outputs: list[gr.components.Component],
+        **queueing: Any,
+    ) -> list[tuple[Lesson, gr.events.Dependency, gr.events.Dependency]]:
+        """Each lesson of `tab`: its button sets `form` to `values(lesson)`, says what to watch and shows the tab,
+        then runs `steps(*values(lesson), stop=...)` into `outputs` (with `queueing`: the tab's concurrency). The run
+        is given the lesson's values, not the form's, so it never starts with a value that has not reached the page.
+        Returns (lesson, its loading event, its run) for each."""
+        wired = []
         for lesson in LESSONS:
             if lesson.tab != tab:
                 continue
-            event = self.buttons[lesson.key].click(
+            loaded = self.buttons[lesson.key].click(
                 lambda lesson=lesson: [*shown(lesson), *values(lesson)],
-                outputs=[self.note, self.tabs, *outputs],
+                outputs=[self.note, self.tabs, *form],
                 queue=False,
                 api_visibility="private",
             )
-            yield lesson, event
+            handler = stoppable(partial(steps, *values(lesson)), signature([], []), f"lesson_{lesson.key}", None)
+            ran = loaded.then(handler, outputs=outputs, api_visibility="private", **queueing)
+            wired.append((lesson, loaded, ran))
+        return wired
 
 
 def shown(lesson: Lesson) -> list:

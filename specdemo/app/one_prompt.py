@@ -170,19 +170,19 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
                 api_name="generate" if trigger == run.click else False,
             )
         )
-    for lesson, loaded in lessons.load("one", inputs, lambda lesson: [lesson.prompt, *lesson.values(RUN_FIELDS)]):
+    wired = lessons.wire(
+        "one",
+        inputs,
+        lambda lesson: [lesson.prompt, *lesson.values(RUN_FIELDS)],
+        on_gpu(partial(run_steps, server)),
+        outputs,
+        concurrency_limit=server.run_concurrency,
+        concurrency_id="generate",
+    )
+    for lesson, loaded, ran in wired:
         if lesson.settings.get("num_candidates", 1) > 1:  # the lesson is in the candidates' tree
             loaded.then(lambda: gr.Accordion(open=True), outputs=candidates_box, queue=False, api_visibility="private")
-        lesson_steps = partial(run_steps, server, lesson.prompt, *lesson.values(RUN_FIELDS))
-        events.append(
-            loaded.then(  # the lesson's own values, not the form's: the run never starts before they reach the page
-                stoppable(on_gpu(lesson_steps), signature([], []), f"lesson_{lesson.key}", run_steps.__doc__),
-                outputs=outputs,
-                concurrency_limit=server.run_concurrency,
-                concurrency_id="generate",
-                api_visibility="private",
-            )
-        )
+        events.append(ran)
     step_view.build(server, trace, tokens, events, THEME_CSS, inputs)
     copy_link.click(None, inputs=[prompt, *settings.values()], outputs=link, js=link_js(), api_visibility="private")
     copy_link.click(lambda: gr.update(visible=True), outputs=link, queue=False, api_visibility="private")
