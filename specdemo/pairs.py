@@ -9,7 +9,21 @@ import torch
 from specdemo.drafters.base import Drafter
 from specdemo.drafters.registry import HYBRID, NGRAM, RECURRENT, SUFFIX, drafter_names, is_model_free
 from specdemo.engine.drafting import build_drafter, prepare_drafter
-from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, Progress, check_model_name, check_same_tokenizer
+from specdemo.models.loading import (
+    MEMORY_HEADROOM,
+    OFFLINE_DEFAULT,
+    LoadedModel,
+    Progress,
+    check_model_name,
+    check_same_tokenizer,
+    free_memory_bytes,
+    load_config,
+    pick_device,
+    readable_bytes,
+    resolve_dtype,
+    resolve_source,
+    weight_bytes,
+)
 from specdemo.models.shared import ModelCache
 
 
@@ -198,8 +212,10 @@ def load_pair(
     allow_local: bool = False,
     dtype: torch.dtype | None = None,  # default: the device's (bfloat16 on CUDA, float32 elsewhere)
 ) -> tuple[LoadedModel, LoadedModel | None]:
-    """The pair's target and draft model (None for prompt lookup), through the shared cache; refuses a draft
-    whose tokenizer differs from the target's before anything runs."""
+    """The pair's target and draft model (None for prompt lookup), through the shared cache; refuses a pair whose
+    weights do not fit the device's free memory before loading either, and a draft whose tokenizer differs from the
+    target's before anything runs."""
+    check_pair_fits(pair, cache, progress, device or pick_device(), dtype, allow_local)
     target = cache.get(pair.target, progress, device=device, allow_local=allow_local, dtype=dtype)
     if not pair.uses_draft_model:
         prepare_drafter(pair.drafter, target, progress)  # e.g. measure pass costs, outside any run's time
@@ -207,6 +223,34 @@ def load_pair(
     draft = cache.get(pair.drafter, progress, device=target.device, allow_local=allow_local, dtype=dtype)
     check_same_tokenizer(target, draft)
     return target, draft
+
+
+def check_pair_fits(
+    pair: Pair,
+    cache: ModelCache,
+    progress: Progress,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    allow_local: bool,
+) -> None:
+    """Refuse, before either loads, a pair whose models not yet held need more than the device's free memory
+    together (each alone is checked again as it loads)."""
+    names = [pair.target] + ([pair.drafter] if pair.uses_draft_model else [])
+    missing = [name for name in dict.fromkeys(names) if not cache.holds(name, device=device, dtype=dtype)]
+    if len(missing) < 2:
+        return
+    dtype = dtype or resolve_dtype("auto", device)
+    needed = {
+        name: weight_bytes(load_config(name, resolve_source(name, progress, allow_local)), dtype) for name in missing
+    }
+    free = free_memory_bytes(device)
+    if sum(needed.values()) > MEMORY_HEADROOM * free:
+        each = " and ".join(f"{name} {readable_bytes(size)}" for name, size in needed.items())
+        raise ValueError(
+            f"The pair '{pair.key}' needs about {readable_bytes(sum(needed.values()))} for its weights ({each}) but "
+            f"only {readable_bytes(free)} is free on {device.type}: pick a smaller pair, or run it on a machine with a "
+            "larger GPU."
+        )
 
 
 def make_drafter(pair: Pair, target: LoadedModel, draft: LoadedModel | None, options: object | None = None) -> Drafter:

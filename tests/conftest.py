@@ -12,7 +12,8 @@ from transformers import LlamaForCausalLM
 
 from specdemo.engine.resources import release_openmp_workers
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model
-from tests.helpers import launched_app, tiny_model, train_tiny_head
+from tests.app_helpers import launched_app
+from tests.helpers import tiny_model, train_tiny_head
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
 

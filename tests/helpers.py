@@ -1,13 +1,13 @@
 """Helpers several test files use: tiny random Llama models (milliseconds per step), the peer's greedy decoding,
-near-tie checks, seeded runs, hand-made rounds, the /generate settings a user starts from, and the app's round
-counters."""
+near-tie checks, seeded runs, hand-made rounds, drafters of every kind for tiny models, and the engine's round
+counters. Nothing here imports the app, so tests/test_gpu.py runs where Gradio is not installed (tests/app_helpers.py
+has the app's helpers)."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,20 +15,18 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-import specdemo.app.page as page
-from specdemo.app.form import defaults
-from specdemo.app.one_prompt import EXAMPLES
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.planning import PassCosts
 from specdemo.core.rounds import Round
-from specdemo.drafters import Drafter
-from specdemo.drafters.recurrent import RecurrentHead, load_head
+from specdemo.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, NoDrafter, SuffixDrafter
+from specdemo.drafters.recurrent import RecurrentDrafter, RecurrentHead, load_head
 from specdemo.engine.decoding import BatchDecoder, batch_generate
 from specdemo.models.loading import LoadedModel
-from specdemo.models.shared import ModelCache
 from specdemo.training.data import DataSettings
 from specdemo.training.fit import FitSettings
 from specdemo.training.run import train_drafter
 
+FREE = PassCosts.from_seconds({1: 1.0, 2: 1.01, 129: 1.1})  # passes nearly free: cost-aware drafters draft it all
 TINY_VOCAB = 32  # small, so sampled-distribution tests have statistical power with a few thousand runs
 
 
@@ -111,6 +109,25 @@ def seeded_runs(
     return runs
 
 
+def tiny_drafter(
+    kind: str, draft: PreTrainedModel | None, head: RecurrentHead | None, vocab_size: int = TINY_VOCAB
+) -> Drafter:
+    """A fresh drafter of `kind` for a tiny target: a model-free kind (free passes for the cost-aware ones, and no
+    memory of earlier outputs, so that a row's drafts are its own), the draft model `draft`, or "none"."""
+    if kind == "suffix":
+        return SuffixDrafter(lambda n: FREE, cache_tokens=0)
+    if kind in ("recurrent", "hybrid"):
+        assert head is not None, f"the {kind} drafter needs a head"
+        recurrent = RecurrentDrafter(head, vocab_size)
+        if kind == "recurrent":
+            return recurrent
+        return HybridDrafter(SuffixDrafter(lambda n: FREE, cache_tokens=0), recurrent, lambda n: FREE, vocab_size)
+    if kind == "model":
+        assert draft is not None, "the model drafter needs a draft model"
+        return ModelDrafter(draft, None, vocab_size)
+    return NgramDrafter(3, 1) if kind == "ngram" else NoDrafter()
+
+
 def make_round(index: int, drafts: list[int], num_accepted: int, next_kind: str | None, seconds: float) -> Round:
     k = len(drafts)
     return Round(
@@ -132,7 +149,6 @@ def make_round(index: int, drafts: list[int], num_accepted: int, next_kind: str 
     )
 
 
-SPELLING = EXAMPLES[0][0]
 GREEDY_PROMPTS = (  # eight requests a class might send at once
     "Correct the spelling: The quartely planing meeting is moved to Thursday at noon in room 4.",
     "Write a haiku about autumn rain.",
@@ -144,12 +160,6 @@ GREEDY_PROMPTS = (  # eight requests a class might send at once
     "Summarise in one sentence: The train leaves at 9:40 from platform 3 and arrives in Lyon at 13:05.",
 )
 STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-
-
-def settings(prompt: str = SPELLING, **changes) -> dict:
-    """The /generate inputs by name (the settings table's defaults, a user's starting point) with a 40-token run in
-    float32, the pinned offline model's format where greedy parity is checked: `client.predict(**settings(...))`."""
-    return {"prompt": prompt, **defaults(max_new_tokens=40, dtype="float32"), **changes}
 
 
 def count_rounds(monkeypatch, which: Callable[[BatchDecoder], bool] = lambda decoder: True) -> dict[str, int]:
@@ -186,20 +196,6 @@ def assert_engine_stops_within_a_second(counter: dict[str, int], max_rounds: int
 def trace_of(final) -> dict:
     with open(final[6]["value"]) as handle:
         return json.load(handle)
-
-
-@contextmanager
-def launched_app(loaded: LoadedModel, **build_options) -> Iterator[tuple[str, object]]:
-    """The app launched in-process with `loaded` already in its model cache (as its pinned default): its URL and its
-    server state (the tests reach its limits there)."""
-    cache = ModelCache(pinned=loaded.name)
-    cache.put(loaded)
-    demo = page.build_demo(cache, **build_options)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
-    try:
-        yield url, demo.specdemo_server
-    finally:
-        demo.close()
 
 
 def save_tiny_model(directory: Path, tokenizer, seed: int) -> Path:

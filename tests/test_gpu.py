@@ -24,7 +24,8 @@ from specdemo.core.verify import rejection_sample
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model, resolve_dtype
-from tests.helpers import SPELLING, TINY_VOCAB, hf_greedy, launched_app, tiny_model
+from tests.app_helpers import SPELLING, launched_app
+from tests.helpers import TINY_VOCAB, hf_greedy, tiny_model
 
 DEVICE_VARIABLE = "SPECDEMO_GPU_TEST_DEVICE"
 DEVICE = torch.device(os.environ.get(DEVICE_VARIABLE) or "cuda")

@@ -14,7 +14,14 @@ from specdemo.cli.main import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.drafters.registry import DRAFTER_KINDS
 from specdemo.engine.decoding import speculative_generate
-from specdemo.models.loading import chat_prompt_ids, check_model_name, load_model
+from specdemo.models.loading import (
+    MEMORY_HEADROOM,
+    chat_prompt_ids,
+    check_model_name,
+    load_config,
+    load_model,
+    weight_bytes,
+)
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, custom_pair, find_pair, load_pair, make_drafter
@@ -148,3 +155,20 @@ def test_cli_lists_the_pairs(capsys):
     listing = capsys.readouterr().out
     for pair in PAIRS:
         assert pair.key in listing
+
+
+def test_a_pair_too_large_together_is_refused_before_either_loads(tmp_path, monkeypatch):
+    """Each model would fit alone, the two together not: one sentence naming what they need and what is free, and
+    nothing loaded."""
+    words = word_tokenizer(["<unk>", "</s>", "a", "b"])
+    target, draft = save_tiny_model(tmp_path / "target", words, seed=0), save_tiny_model(tmp_path / "draft", words, 1)
+    size = weight_bytes(load_config(str(target), str(target)), torch.float32)
+    monkeypatch.setattr("specdemo.pairs.free_memory_bytes", lambda device: int(1.5 * size / MEMORY_HEADROOM))
+    cache = ModelCache()
+    pair = custom_pair(str(target), str(draft), allow_local=True)
+    with pytest.raises(ValueError, match=r"needs about .* kB for its weights \(.* and .*\) but only .* kB is free on"):
+        load_pair(pair, cache, device=torch.device("cpu"), allow_local=True, dtype=torch.float32)
+    assert not cache.models
+    monkeypatch.setattr("specdemo.pairs.free_memory_bytes", lambda device: int(2.5 * size / MEMORY_HEADROOM))
+    _, loaded_draft = load_pair(pair, cache, device=torch.device("cpu"), allow_local=True)
+    assert loaded_draft is not None and set(cache.models) == {str(target), str(draft)}

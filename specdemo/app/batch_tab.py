@@ -98,6 +98,8 @@ def batch_steps(server: Server, *values: object, stop: threading.Event) -> Itera
         raise user_error(str(error)) from error
     try:
         yield from stream_batch(run, texts, server.sweep)
+    except ValueError as error:  # a row's own sentence (out of the device's memory, say)
+        raise user_error(str(error), log=True) from error
     except Exception as error:  # one prompt's row failed: this batch fails, the app and other runs go on
         message = f"The batch failed ({error.__class__.__name__}: {str(error)[:200]})"
         raise user_error(

@@ -210,7 +210,10 @@ def run_steps(server: Server, *values: object, stop: threading.Event) -> Iterato
         raise user_error(str(error)) from error
     try:
         yield from stream_run(server, run)
-    except Exception as error:  # a model error, out of memory...: this run fails, the app and its models stay
+    except ValueError as error:  # the run's own sentence (out of the device's memory, say): the app and its models stay
+        yield gr.skip(), html.escape(f"**{error}**", quote=False), *unchanged_charts()
+        raise user_error(str(error), log=True) from error
+    except Exception as error:  # a model error...: this run fails, the app and its models stay
         message = f"The run failed ({error.__class__.__name__}: {str(error)[:200]})"
         yield gr.skip(), html.escape(f"**{message}.**", quote=False), *unchanged_charts()
         raise user_error(

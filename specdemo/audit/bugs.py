@@ -42,7 +42,7 @@ def verifier(bug: str, rule: Verify = verify_rows) -> Verify:
 
 def _resampling_from_p(rule: Verify, ids, lengths, draft_probs, target_probs, uniforms) -> CandidateVerdict:
     verdict = rule(ids, lengths, draft_probs, target_probs, uniforms)
-    rows = torch.arange(ids.shape[0])
+    rows = torch.arange(ids.shape[0], device=ids.device)
     node = target_probs[rows, verdict.path, verdict.num_accepted]  # [B, V] p where the next token is drawn
     from_p = sample_from_probs(node, uniforms[:, -1])
     stopped = verdict.num_accepted < lengths[rows, verdict.path]  # a rejection, not a bonus
@@ -87,7 +87,9 @@ def _redrafter_released(rule: Verify, ids, lengths, draft_probs, target_probs, u
         return torch.cat([getattr(chain, name) for chain in chains], dim=1)
 
     def on_path(name: str) -> torch.Tensor:  # [B] the kept beam's value
-        return torch.stack([getattr(chain, name) for chain in chains], dim=1)[torch.arange(num_rows), path]
+        return torch.stack([getattr(chain, name) for chain in chains], dim=1)[
+            torch.arange(num_rows, device=path.device), path
+        ]
 
     return CandidateVerdict(
         tested=by_candidate("tested"),

@@ -105,8 +105,8 @@ def _draw(
 def _compare(samples: list[Counter], num_samples: int, num_tokens: int) -> ModelAudit:
     """The two samples' sequences, a two-sample chi-square test, and their TV against the noise band."""
     sequences = sorted(set(samples[0]) | set(samples[1]), key=lambda s: -(samples[0][s] + samples[1][s]))
-    first = torch.tensor([samples[0][s] for s in sequences], dtype=torch.float64)
-    second = torch.tensor([samples[1][s] for s in sequences], dtype=torch.float64)
+    first = torch.tensor([samples[0][s] for s in sequences], dtype=torch.float64, device="cpu")
+    second = torch.tensor([samples[1][s] for s in sequences], dtype=torch.float64, device="cpu")
     tv = 0.5 * float((first / num_samples - second / num_samples).abs().sum())
     noise = two_sample_noise_tv(first + second, (num_samples, num_samples), NOISE_QUANTILE)
     p_value = homogeneity_pvalue(first, second)

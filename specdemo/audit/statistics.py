@@ -36,7 +36,7 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:  # [V
     if len(expected) < 2:
         return 1.0  # one cell: nothing to test
     chi2 = ((observed - expected) ** 2 / expected).sum()
-    dof = torch.tensor((len(expected) - 1) / 2, dtype=torch.float64)
+    dof = torch.tensor((len(expected) - 1) / 2, dtype=torch.float64, device=expected.device)
     return float(torch.special.gammaincc(dof, chi2 / 2))
 
 
@@ -44,7 +44,8 @@ def noise_tv(probs: torch.Tensor, num_samples: int, quantile: float, draws: int 
     """The `quantile` of the TV between `num_samples` tokens drawn from `probs` and `probs` itself: multinomial
     counts are near-normal, so TV * sqrt(n) has a fixed distribution, drawn here once with a fixed seed."""
     probs = probs.double() / probs.double().sum()
-    normal = torch.randn(draws, len(probs), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator(device=probs.device).manual_seed(0)
+    normal = torch.randn(draws, len(probs), dtype=torch.float64, generator=generator, device=generator.device)
     scaled = normal * probs.sqrt()  # covariance diag(p); minus its projection: diag(p) - p p^T, the multinomial's
     deviation = scaled - probs * scaled.sum(dim=1, keepdim=True)
     tv = 0.5 * deviation.abs().sum(dim=1)
@@ -118,7 +119,7 @@ def homogeneity_pvalue(first: torch.Tensor, second: torch.Tensor) -> float:  # [
     if expected.shape[1] < 2:
         return 1.0
     chi2 = ((observed - expected) ** 2 / expected.clamp(min=1e-300)).sum()
-    dof = torch.tensor((expected.shape[1] - 1) / 2, dtype=torch.float64)
+    dof = torch.tensor((expected.shape[1] - 1) / 2, dtype=torch.float64, device=expected.device)
     return float(torch.special.gammaincc(dof, chi2 / 2))
 
 
@@ -126,11 +127,11 @@ def two_sample_noise_tv(pooled: torch.Tensor, sizes: tuple[int, int], quantile: 
     """The `quantile` of the TV between two samples of these sizes drawn from one distribution (the pooled
     counts'): what sampling noise alone gives, simulated with a fixed seed."""
     probs = pooled.double() / pooled.double().sum()
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device=probs.device).manual_seed(0)
     empirical = []
     for size in sizes:
         tokens = torch.multinomial(probs, draws * size, replacement=True, generator=generator).reshape(draws, size)
-        counts = torch.zeros(draws, len(probs), dtype=torch.float64).scatter_add_(
+        counts = torch.zeros(draws, len(probs), dtype=torch.float64, device=probs.device).scatter_add_(
             1, tokens, torch.ones_like(tokens, dtype=torch.float64)
         )
         empirical.append(counts / size)

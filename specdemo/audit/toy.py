@@ -40,7 +40,7 @@ def parse_weights(text: str, name: str) -> torch.Tensor:  # -> [V] float64, norm
         raise ValueError(f"The {name} has {len(values)} weights; give between 2 and {MAX_TOY_VOCAB}, one per token.")
     if any(not math.isfinite(v) or v < 0 for v in values):
         raise ValueError(f"The {name} has a negative or non-finite weight; weights must be 0 or more.")
-    weights = torch.tensor(values, dtype=torch.float64)
+    weights = torch.tensor(values, dtype=torch.float64, device="cpu")
     if float(weights.sum()) <= 0:
         raise ValueError(f"The {name} is all zeros; give at least one token a positive weight.")
     return weights / weights.sum()
@@ -72,15 +72,17 @@ def toy_audit(
     position must follow p. The engine's rule decides (verify_rows), with the bug planted around it."""
     assert target.shape == draft.shape and target.ndim == 1, "p and q are [V] alike"
     vocab_size, k, w = len(target), num_draft_tokens, num_candidates
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=target.device).manual_seed(seed)
     p, q = target.float(), draft.float()
     verify = verifier(bug)
-    counts = torch.zeros(k + 1, vocab_size, dtype=torch.long)
+    counts = torch.zeros(k + 1, vocab_size, dtype=torch.long, device=target.device)
     curve, done = [], 0
     for size in _chunks(num_samples):
         ids = torch.multinomial(q, size * w * k, replacement=True, generator=generator).reshape(size, w, k)
-        uniforms = torch.rand(size, k * w + 1, dtype=torch.float64, generator=generator)  # [N, K*W + 1]
-        lengths = torch.full((size, w), k)  # [N, W]
+        uniforms = torch.rand(
+            size, k * w + 1, dtype=torch.float64, generator=generator, device=generator.device
+        )  # [N, K*W + 1]
+        lengths = torch.full((size, w), k, device=target.device)  # [N, W]
         verdict = verify(ids, lengths, q.expand(size, w, k, -1), p.expand(size, w, k + 1, -1), uniforms)
         emitted = emitted_by_position(verdict, ids)  # [N, K+1]
         for position in range(k + 1):
@@ -114,9 +116,9 @@ def emitted_by_position(
     draft_ids: torch.Tensor,  # draft_ids [B, W, K]
 ) -> torch.Tensor:  # [B, K+1] the token emitted at each position, -1 past the row's last
     """Accepted drafts along the path, then the resampled or bonus token."""
-    rows = torch.arange(draft_ids.shape[0])
+    rows = torch.arange(draft_ids.shape[0], device=draft_ids.device)
     path_ids = draft_ids[rows, verdict.path]  # [B, K]
-    positions = torch.arange(draft_ids.shape[2] + 1)
+    positions = torch.arange(draft_ids.shape[2] + 1, device=draft_ids.device)
     padded = torch.nn.functional.pad(path_ids, (0, 1), value=-1)
     emitted = torch.where(positions < verdict.num_accepted[:, None], padded, -1)
     emitted[rows, verdict.num_accepted] = verdict.next_token_ids

@@ -55,13 +55,13 @@ def _hf_batched(target: LoadedModel, prompts: list[list[int]], batch_size: int, 
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start : start + batch_size]
         width = max(map(len, batch))
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])  # [B, T]
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=target.device)  # [B, T]
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=target.device)
         started = time.perf_counter()
         with torch.inference_mode():
             output = target.model.generate(
-                input_ids.to(target.device),
-                attention_mask=attention_mask.to(target.device),
+                input_ids,
+                attention_mask=attention_mask,
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
                 pad_token_id=pad,

@@ -75,15 +75,24 @@ def logits_to_probs(
     return flat.softmax(dim=-1).reshape(batch_size, num_positions, vocab_size)
 
 
+def uniforms_from(
+    generator: torch.Generator | None, shape: tuple[int, ...], device: torch.device
+) -> torch.Tensor:  # [*shape] float64 in [0, 1), on `device`
+    """Draws from `generator` on the generator's own device (a CUDA generator fills CUDA memory, a CPU one host memory),
+    then moved to `device`, where the tensors they meet live."""
+    if generator is None:  # the device's default generator
+        return torch.rand(shape, dtype=torch.float64, device=device)
+    return torch.rand(shape, dtype=torch.float64, generator=generator, device=generator.device).to(device)
+
+
 def draw_uniforms(
     generator: Generators, batch_size: int, num_draws: int, device: torch.device
 ) -> torch.Tensor:  # [B, num_draws] float64 in [0, 1)
     """Uniform draws in float64; with one generator per row, row b depends only on generator b."""
     if generator is None or isinstance(generator, torch.Generator):
-        return torch.rand(batch_size, num_draws, dtype=torch.float64, generator=generator, device=device)
+        return uniforms_from(generator, (batch_size, num_draws), device)
     assert len(generator) == batch_size, f"{len(generator)} generators for a batch of {batch_size}"
-    rows = [torch.rand(num_draws, dtype=torch.float64, generator=g, device=device) for g in generator]
-    return torch.stack(rows)
+    return torch.stack([uniforms_from(g, (num_draws,), device) for g in generator])
 
 
 def sample_one(

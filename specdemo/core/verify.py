@@ -87,9 +87,31 @@ def verify_rows(
     uniforms: torch.Tensor,  # [B, K*W + 1] float64: the test of candidate w at depth j uses j*W + w, the last is final
 ) -> CandidateVerdict:
     """The engine's rule: `verify_chains` when every row has one candidate (the same verdict bit for bit, in a dozen
-    tensor operations instead of a dozen per depth), else `verify_candidates` lifted over rows."""
+    tensor operations instead of a dozen per depth), else `verify_candidates` lifted over rows. A drafted id outside
+    the vocabulary (PADDING_ID among them) is refused alike by both."""
+    drafted = check_draft_ids(draft_token_ids, draft_lengths, draft_probs.shape[-1])
+    draft_token_ids = torch.where(drafted, draft_token_ids, 0)  # past a candidate's end, any id is padding
     verify = verify_chains if draft_token_ids.shape[1] == 1 else verify_tree
     return verify(draft_token_ids, draft_lengths, draft_probs, target_probs, uniforms)
+
+
+def check_draft_ids(
+    draft_token_ids: torch.Tensor,  # [B, W, K] int64
+    draft_lengths: torch.Tensor,  # [B, W] int64
+    vocab_size: int,
+) -> torch.Tensor:  # [B, W, K] bool: within each candidate's length
+    """A ValueError naming the first drafted id, within its candidate's length, that is not a token of the vocabulary:
+    PADDING_ID (-1) pads outputs, never drafts. One host sync."""
+    depth = torch.arange(draft_token_ids.shape[2], device=draft_token_ids.device)  # [K]
+    drafted = depth < draft_lengths[..., None]  # [B, W, K]
+    outside = drafted & ((draft_token_ids < 0) | (draft_token_ids >= vocab_size))
+    if bool(outside.any()):
+        b, w, j = outside.nonzero()[0].tolist()
+        raise ValueError(
+            f"Draft token {j} of candidate {w} in row {b} is {int(draft_token_ids[b, w, j])}, not a token id in "
+            f"[0, {vocab_size}): a draft holds real ids up to its length ({PADDING_ID} only pads the rule's output)."
+        )
+    return drafted
 
 
 def _row_of(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [W, ...] float, [] int64 -> [...]
@@ -148,7 +170,9 @@ def verify_candidates(
     bonus = _row_of(target_probs[:, num_draft], path)  # [V] p after a path accepted to depth K
     final, final_node = torch.where(done, final, bonus), torch.where(done, final_node, bonus)
     next_token = sample_one(final, uniforms[-1])
-    by_candidate = [torch.stack(c, dim=1) if c else torch.zeros(num_candidates, 0) for c in columns]  # [W, K] each
+    by_candidate = [
+        torch.stack(c, dim=1) if c else torch.zeros(num_candidates, 0, device=draft_token_ids.device) for c in columns
+    ]  # [W, K] each
     return (*by_candidate, path, num_accepted, next_token, final_node[next_token])
 
 

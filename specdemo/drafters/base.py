@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from specdemo.config import SamplingConfig, check_int
+from specdemo.config import MAX_NUM_CANDIDATES, MAX_NUM_DRAFT_TOKENS, SamplingConfig, check_int
 from specdemo.core.planning import PassCosts, Plan
 
 
@@ -28,6 +28,10 @@ class DraftRequest:
     generator: torch.Generator  # the row's own: a draft model draws one uniform per beam per step from it
     hidden_state: torch.Tensor | None = None  # [H] the target's last hidden state at the last accepted position, for a
     # drafter that `reads_hidden_state`; None before the row's first target pass
+
+    def __post_init__(self) -> None:  # every drafter may rely on these limits (a head counts by draft position)
+        check_int("num-draft-tokens", self.num_draft_tokens, 0, MAX_NUM_DRAFT_TOKENS)
+        check_int("num-candidates", self.num_candidates, 1, MAX_NUM_CANDIDATES)
 
 
 @dataclass(frozen=True)

@@ -48,25 +48,22 @@ class HybridDrafter:
         heads = self.head.propose([replace(r, num_candidates=max(1, r.num_candidates - 1)) for r in requests])
         widest = max(r.num_candidates * r.num_draft_tokens + 1 for r in requests)
         costs = self.costs(widest)
-        return [self._combine(c, h, costs) for c, h in zip(copies, heads, strict=True)]
+        return [self._combine(c, h, costs, r.num_candidates) for c, h, r in zip(copies, heads, requests, strict=True)]
 
-    def _combine(self, copy: Draft, head: Draft, costs: PassCosts) -> Draft:
+    def _combine(self, copy: Draft, head: Draft, costs: PassCosts, width: int) -> Draft:
+        """At most `width` of the copies and the head's drafts: those the planner expects the most of per step."""
         found = [(COPY, w, c) for w, c in enumerate(copy.token_ids) if c]
         found += [(HEAD, w, c) for w, c in enumerate(head.token_ids) if c]
         if not found:
             return Draft([], None, plan=copy.plan)
         chances = {COPY: copy.chances or [[0.5] * len(c) for c in copy.token_ids], HEAD: head.chances or []}
-        estimates = [list(chances[source][w]) for source, w, _ in found]
-        order = sorted(range(len(found)), key=lambda i: -estimates[i][0])  # stable: the copy first on a tie
-        firsts = {}
-        for i in order:  # candidates sharing a first token share its test: count its chance once
-            token = found[i][2][0]
-            estimates[i][0] = 0.0 if token in firsts else estimates[i][0]
-            firsts.setdefault(token, i)
-        total = sum(estimates[i][0] for i in order)
-        for i in order:
-            estimates[i][0] /= max(1.0, total)
-        plan = plan_draft([estimates[i] for i in order], costs)
+        firsts = [chances[source][w][0] for source, w, _ in found]
+        ranked = sorted(range(len(found)), key=lambda i: -firsts[i])  # stable: the copy first on a tie
+        # the best `width` by first chance, or one candidate led by each of the others (W = 1: the copy or the head)
+        subsets = [ranked[:width]] + [[i, *(j for j in ranked if j != i)][:width] for i in ranked[1:]]
+        planned = [(plan_draft(_estimates(found, chances, order), costs), order) for order in subsets]
+        plan, order = max(planned, key=lambda p: p[0].expected_tokens / p[0].expected_steps)  # first on a tie
+        estimates = _estimates(found, chances, order)
         kept = order[: plan.num_candidates]
         token_ids = [found[i][2][: plan.num_tokens] for i in kept]
         if plan.num_tokens == 0:
@@ -80,12 +77,30 @@ class HybridDrafter:
                 if source == HEAD:
                     probs[row, : len(token_ids[row])] = head.probs[w, : len(token_ids[row])]
                 else:
-                    probs[row, torch.arange(len(token_ids[row])), torch.tensor(token_ids[row])] = 1.0
+                    positions = torch.arange(len(token_ids[row]), device=probs.device)
+                    probs[row, positions, torch.tensor(token_ids[row], device=probs.device)] = 1.0
         return Draft(
             token_ids,
             probs,
             head.forward_seconds,
             plan=plan,
-            chances=[estimates[i][: plan.num_tokens] for i in kept],
+            chances=[estimates[r][: plan.num_tokens] for r in range(len(kept))],
             sources=[found[i][0] for i in kept],
         )
+
+
+def _estimates(
+    found: list[tuple[str, int, list[int]]], chances: dict[str, list[list[float]]], order: list[int]
+) -> list[list[float]]:
+    """[W'][K] each candidate's chances in `order`; candidates sharing a first token share its test, so its chance
+    counts once, and the first tokens' chances are scaled to add up to at most 1."""
+    estimates = [list(chances[found[i][0]][found[i][1]]) for i in order]
+    seen: set[int] = set()
+    for estimate, i in zip(estimates, order, strict=True):
+        token = found[i][2][0]
+        estimate[0] = 0.0 if token in seen else estimate[0]
+        seen.add(token)
+    total = sum(estimate[0] for estimate in estimates)
+    for estimate in estimates:
+        estimate[0] /= max(1.0, total)
+    return estimates

@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig
-from specdemo.core.sampling import build_warpers, logits_to_probs
+from specdemo.core.sampling import build_warpers, logits_to_probs, uniforms_from
 from specdemo.core.verify import choose_draft_tokens
 from specdemo.drafters.base import Draft, DraftRequest
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
@@ -24,6 +24,15 @@ class ModelDrafter:
         self.cached = TreeCachedModel(model)
         self.sampling = sampling  # None: each row's own draft settings; q is whatever the draft really sampled from
         self.vocab_size = vocab_size  # the target's: a larger padded draft embedding is cut, a smaller one padded
+        self.readable = model.get_input_embeddings().weight.shape[0]  # ids the draft has an embedding row for
+        own = (getattr(model.config, "pad_token_id", None), getattr(model.config, "eos_token_id", None))
+        self.stand_in = next((i for i in own if isinstance(i, int) and 0 <= i < self.readable), 0)  # read in place of
+        # an id past them (a larger target's padding rows)
+
+    def readable_ids(self, token_ids: list[int]) -> list[int]:
+        """The sequence as the draft reads it: an id it has no embedding row for becomes its stand-in (q stays what
+        the draft sampled from, so the rule stays exact; the draft only reads a slightly different context)."""
+        return [token if token < self.readable else self.stand_in for token in token_ids]
 
     def forget(self, key: Hashable) -> None:
         self.cached.drop(key)
@@ -33,19 +42,17 @@ class ModelDrafter:
         probs: list[list[torch.Tensor]] = [[] for _ in requests]  # per row, K x [W, V]
         forward_before = self.cached.forward_seconds
         samplings = [self.sampling or r.sampling for r in requests]
+        sequences = [self.readable_ids(r.sequence_ids) for r in requests]
         warpers = [build_warpers(sampling) for sampling in samplings]  # once per row, not per step
         for step in range(max((r.num_draft_tokens for r in requests), default=0)):
             drafting = [i for i, r in enumerate(requests) if step < r.num_draft_tokens]
             logits = self.cached.logits(
-                {
-                    requests[i].key: RowRequest(requests[i].sequence_ids, beams[i] if step else [], "tips")
-                    for i in drafting
-                }
+                {requests[i].key: RowRequest(sequences[i], beams[i] if step else [], "tips") for i in drafting}
             )  # per row [W, V] after each beam (or [1, V] after the sequence at the first step)
             step_probs, uniforms = [], []
             for i, row_logits in zip(drafting, logits, strict=True):
                 request = requests[i]
-                contexts = torch.tensor([request.sequence_ids + beam for beam in beams[i]], device=row_logits.device)
+                contexts = torch.tensor([sequences[i] + beam for beam in beams[i]], device=row_logits.device)
                 row_probs = logits_to_probs(  # [W, 1, V_draft] -> [W, V], q = 0 for the target's extra ids
                     row_logits[:, None, : self.vocab_size].expand(len(beams[i]), 1, -1),
                     contexts,
@@ -53,7 +60,7 @@ class ModelDrafter:
                     warpers[i],
                 )[:, 0]
                 step_probs.append(torch.nn.functional.pad(row_probs, (0, self.vocab_size - row_probs.shape[-1])))
-                uniforms.append(torch.rand(len(beams[i]), dtype=torch.float64, generator=request.generator))
+                uniforms.append(uniforms_from(request.generator, (len(beams[i]),), row_logits.device))
             tokens = choose_draft_tokens(  # [R, W]: every beam of every row in one vmapped call
                 torch.nn.utils.rnn.pad_sequence(step_probs, batch_first=True, padding_value=1.0),
                 torch.nn.utils.rnn.pad_sequence(uniforms, batch_first=True),

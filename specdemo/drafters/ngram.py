@@ -71,7 +71,7 @@ class NgramDrafter:
         return [
             Draft(
                 find_ngram_continuations(
-                    torch.tensor(r.sequence_ids),
+                    torch.tensor(r.sequence_ids, device="cpu"),  # a lookup on the host
                     r.num_draft_tokens,
                     r.num_candidates,
                     self.max_ngram_size,

@@ -23,7 +23,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specdemo.config import MAX_NUM_DRAFT_TOKENS
-from specdemo.core.sampling import sample_one
+from specdemo.core.sampling import sample_one, uniforms_from
 from specdemo.drafters.base import Draft, DraftRequest
 
 HEAD_FORMAT = "specdemo-recurrent-head/1"
@@ -143,8 +143,9 @@ class RecurrentHead(nn.Module):
 class RecurrentDrafter:
     """Drafts with a RecurrentHead from each row's hidden state (DraftRequest.hidden_state, which the engine fills
     because `reads_hidden_state`); a row without one yet (its first round) gets no draft. Sampled rows draw W
-    i.i.d. sequences, greedy rows get beam search's W best. It counts how often its tokens are accepted at each
-    draft position (the head's held-out figures as a prior), which is the chance it tells the planner."""
+    i.i.d. sequences, greedy rows get beam search's W best. It counts how often each row's tokens are accepted at
+    each draft position (the head's held-out figures as a prior), which is the chance it tells the planner: a row's
+    chances, and so what the hybrid keeps of its drafts, are its own, the same in any batch."""
 
     reads_hidden_state = True
     PRIOR_WEIGHT = 20.0  # the prior counts as this many tested tokens at each position
@@ -153,17 +154,25 @@ class RecurrentDrafter:
         self.head = head
         self.vocab_size = vocab_size
         prior = list(head.trained.get("held_out_alpha") or [0.5])
-        # per draft position (K is at most MAX_NUM_DRAFT_TOKENS): tokens tested and accepted, the prior included
-        self.tested = [self.PRIOR_WEIGHT] * MAX_NUM_DRAFT_TOKENS
-        self.accepted = [self.PRIOR_WEIGHT * prior[min(k, len(prior) - 1)] for k in range(MAX_NUM_DRAFT_TOKENS)]
+        self.prior = [prior[min(k, len(prior) - 1)] for k in range(MAX_NUM_DRAFT_TOKENS)]  # K <= MAX_NUM_DRAFT_TOKENS
+        self.counts: dict[Hashable, tuple[list[float], list[float]]] = {}  # per row and position: tested, accepted
         self.last: dict[Hashable, tuple[int, list[list[int]]]] = {}  # per row: its length then, and its candidates
 
     def forget(self, key: Hashable) -> None:
         self.last.pop(key, None)
+        self.counts.pop(key, None)
 
-    def alpha(self, depth: int) -> list[float]:
-        """The estimated chance that the token at each draft position is accepted, given its prefix was."""
-        return [self.accepted[k] / self.tested[k] for k in range(depth)]
+    def _counts(self, key: Hashable) -> tuple[list[float], list[float]]:
+        """The row's tested and accepted tokens by draft position, the prior counting as PRIOR_WEIGHT of each."""
+        if key not in self.counts:
+            tested = [self.PRIOR_WEIGHT] * MAX_NUM_DRAFT_TOKENS
+            self.counts[key] = (tested, [self.PRIOR_WEIGHT * alpha for alpha in self.prior])
+        return self.counts[key]
+
+    def alpha(self, key: Hashable, depth: int) -> list[float]:
+        """The estimated chance that the row's token at each draft position is accepted, given its prefix was."""
+        tested, accepted = self._counts(key)
+        return [accepted[k] / tested[k] for k in range(depth)]
 
     def _learn(self, request: DraftRequest) -> None:
         """The tokens emitted since the row's last draft against its candidates: the longest match was accepted
@@ -174,9 +183,10 @@ class RecurrentDrafter:
         emitted = request.sequence_ids[length:]
         matches = [_common_prefix(candidate, emitted) for candidate in candidates]
         best = max(range(len(candidates)), key=matches.__getitem__)
+        tested, accepted = self._counts(request.key)
         for k in range(min(matches[best] + 1, len(candidates[best]))):
-            self.tested[k] += 1
-            self.accepted[k] += k < matches[best]
+            tested[k] += 1
+            accepted[k] += k < matches[best]
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
@@ -194,10 +204,12 @@ class RecurrentDrafter:
         seconds = time.perf_counter() - started
         for i in ready:
             self.last[requests[i].key] = (len(requests[i].sequence_ids), drafts[i].token_ids)
-        return [self._with_chances(d, seconds) if d.token_ids else d for _, d in sorted(drafts.items())]
+        return [
+            self._with_chances(requests[i].key, d, seconds) if d.token_ids else d for i, d in sorted(drafts.items())
+        ]
 
-    def _with_chances(self, draft: Draft, seconds: float) -> Draft:
-        chances = [self.alpha(len(candidate)) for candidate in draft.token_ids]
+    def _with_chances(self, key: Hashable, draft: Draft, seconds: float) -> Draft:
+        chances = [self.alpha(key, len(candidate)) for candidate in draft.token_ids]
         first = sum(candidate[0] for candidate in chances)
         for candidate in chances:  # W candidates' first tokens cannot together be accepted more than once
             candidate[0] /= max(1.0, first)
@@ -210,8 +222,8 @@ class RecurrentDrafter:
             width = min(width, len(self.head.vocabulary))
             return [Draft(row.tolist(), None) for row in self.head.beam_search(states, tokens, width, depth)]
         uniforms = torch.stack(  # [R, W, K]: each row's own generator, W*K draws a round
-            [torch.rand(width, depth, dtype=torch.float64, generator=r.generator) for r in requests]
-        ).to(states.device)
+            [uniforms_from(r.generator, (width, depth), states.device) for r in requests]
+        )
         temperatures = torch.tensor([r.sampling.temperature for r in requests], device=states.device)
         ids, q = self.head.sample_beams(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, S]
         full = q.new_zeros(*q.shape[:-1], self.vocab_size)  # [R, W, K, V]: q = 0 off the sub-vocabulary

@@ -3,9 +3,8 @@ device (a model loaded again, in a format asked for again, is not measured again
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 from transformers import PreTrainedModel
@@ -13,6 +12,7 @@ from transformers import PreTrainedModel
 from specdemo.config import MAX_NEW_TOKENS_LIMIT, MAX_NUM_DRAFT_TOKENS, SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import BatchCosts, PassCosts
 from specdemo.drafters.base import Draft, DraftRequest
+from specdemo.engine.cost_watch import watch
 from specdemo.engine.decoding import BatchDecoder
 
 MEASURED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 129)  # n; others are interpolated
@@ -20,38 +20,50 @@ CONTEXT_TOKENS = 128  # the cached context the measured passes follow
 
 
 def measure_pass_seconds(
-    model: PreTrainedModel, sizes: tuple[int, ...], context_tokens: int = CONTEXT_TOKENS, repeats: int = 3
+    model: PreTrainedModel,
+    sizes: tuple[int, ...],
+    context_tokens: int = CONTEXT_TOKENS,
+    repeats: int = 4,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[int, float]:
     """One row's round seconds by size (measure_round_seconds)."""
-    return measure_round_seconds(model, sizes, context_tokens, repeats, rows=(1,))[1]
+    return measure_round_seconds(model, sizes, context_tokens, repeats, rows=(1,), clock=clock)[1]
 
 
 def measure_round_seconds(
-    model: PreTrainedModel, sizes: tuple[int, ...], context_tokens: int, repeats: int, rows: tuple[int, ...]
+    model: PreTrainedModel,
+    sizes: tuple[int, ...],
+    context_tokens: int,
+    repeats: int,
+    rows: tuple[int, ...],
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[int, dict[int, float]]:
     """Seconds of one engine round whose target pass reads n tokens per row (the sequence's last token and n-1
     drafted ones, in candidates of at most MAX_NUM_DRAFT_TOKENS) after a context_tokens prompt of each row's own:
-    the pass, the cache's bookkeeping, the probabilities and the rule, as greedy rows' rounds spend them. The median
-    of `repeats` after one warm-up, sizes and row counts interleaved so that a slow spell of a shared machine
-    spreads over all of them. By row count, then size."""
-    generator = torch.Generator().manual_seed(0)
+    the pass, the cache's bookkeeping, the probabilities and the rule, as greedy rows' rounds spend them. The fastest
+    of `repeats` after one warm-up, sizes and row counts interleaved: another process can only add time to a round,
+    so the fastest is the least disturbed, where a median on a busy machine is whatever spell it fell in (a busy
+    measurement once made drafting look dear and switched it off). By row count, then size."""
+    generator = torch.Generator(device="cpu").manual_seed(0)  # random token ids, made on the host
     vocab_size = model.config.vocab_size
     drafter = _RandomDrafter(generator, vocab_size)
     decoders = {count: BatchDecoder(model, drafter, frozenset()) for count in rows}
     for count, decoder in decoders.items():
         for row in range(count):
-            context = torch.randint(vocab_size, (context_tokens,), generator=generator).tolist()
+            context = torch.randint(
+                vocab_size, (context_tokens,), generator=generator, device=generator.device
+            ).tolist()
             decoder.add(row, context, SamplingConfig(), SpeculativeConfig(max_new_tokens=MAX_NEW_TOKENS_LIMIT))
     timings: dict[int, dict[int, list[float]]] = {count: {size: [] for size in sizes} for count in rows}
     for repeat in range(repeats + 1):
         for size in sizes:
             drafter.num_tokens = size - 1
             for count, decoder in decoders.items():
-                started = time.perf_counter()
+                started = clock()
                 decoder.step()
                 if repeat:
-                    timings[count][size].append(time.perf_counter() - started)
-    return {count: {size: statistics.median(t) for size, t in by_size.items()} for count, by_size in timings.items()}
+                    timings[count][size].append(clock() - started)
+    return {count: {size: min(t) for size, t in by_size.items()} for count, by_size in timings.items()}
 
 
 class _RandomDrafter:
@@ -61,7 +73,9 @@ class _RandomDrafter:
         self.generator, self.vocab_size, self.num_tokens = generator, vocab_size, 0
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
-        tokens = torch.randint(self.vocab_size, (self.num_tokens,), generator=self.generator).tolist()
+        tokens = torch.randint(
+            self.vocab_size, (self.num_tokens,), generator=self.generator, device=self.generator.device
+        ).tolist()
         candidates = [tokens[i : i + MAX_NUM_DRAFT_TOKENS] for i in range(0, len(tokens), MAX_NUM_DRAFT_TOKENS)]
         return [Draft(candidates, None) for _ in requests]
 
@@ -89,13 +103,15 @@ def measured(model: PreTrainedModel) -> PassCosts | None:
 
 def pass_costs(model: PreTrainedModel, max_tokens: int) -> PassCosts:
     """This model's pass costs up to max_tokens (measured on first use, a few seconds for a small model; kept per
-    model object, which the model cache holds once per name, number format and device; measured again only when
-    a larger pass is needed)."""
+    model object, which the model cache holds once per name, number format and device; measured again when a larger
+    pass is needed, or when its rounds disagree with what the costs expected: engine/cost_watch.py)."""
     known = _MEASURED.get(_key(model))
     largest = next((size for size in MEASURED_SIZES if size >= max_tokens), MEASURED_SIZES[-1])
-    if known is None or known.sizes[-1] < largest:
+    if known is None or known.sizes[-1] < largest or watch(model).stale:
+        largest = max(largest, known.sizes[-1]) if known is not None else largest
         sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
         known = _MEASURED[_key(model)] = PassCosts.from_seconds(measure_pass_seconds(model, sizes))
+        watch(model).measured_again()
     return known
 
 

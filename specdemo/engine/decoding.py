@@ -16,9 +16,12 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.inspection import PositionView, path_views
 from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, Round
-from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs
+from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs, uniforms_from
 from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
 from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, reads_hidden_state
+from specdemo.engine.cost_watch import watch
+from specdemo.models.fixed_shape import FixedShapeModel, uses_fixed_shape
+from specdemo.models.loading import device_memory, release_device_memory
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 
 
@@ -35,6 +38,7 @@ class _Row:
     """One prompt being decoded, with its own settings and random stream."""
 
     sequence_ids: list[int]
+    capacity: int  # the most tokens it will hold: its prompt and max_new_tokens
     sampling: SamplingConfig
     speculative: SpeculativeConfig
     generator: torch.Generator
@@ -133,9 +137,7 @@ def _row_tensors(
     else:
         draft_probs = draft.probs.to(device)
         draft_probs = draft_probs[..., vocab] if compact else draft_probs
-    uniforms = torch.rand(
-        (depth_plus_one - 1) * len(draft.token_ids) + 1, dtype=torch.float64, generator=row.generator, device=device
-    )
+    uniforms = uniforms_from(row.generator, ((depth_plus_one - 1) * len(draft.token_ids) + 1,), device)
     return candidates, lengths, draft_probs, target_probs, uniforms, vocab
 
 
@@ -210,6 +212,26 @@ def _views(
     return path_views(target_probs[path], draft_probs, path, drafted, num_accepted, tried, next_local, compact)
 
 
+class OutOfDeviceMemory(ValueError):
+    """The device ran out of memory for a run: one sentence with the memory free and the way forward."""
+
+    def __init__(self, device: torch.device) -> None:
+        free, total = device_memory(device)
+        where = "the GPU" if device.type == "cuda" else f"the {device.type} device"
+        super().__init__(
+            f"This run needed more memory than {where} had ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free): "
+            "lower max-new-tokens, the batch size or num-candidates, shorten the prompt, or pick a smaller pair."
+        )
+
+
+def verifier_for(target: PreTrainedModel, keep_hidden_states: bool) -> TreeCachedModel | FixedShapeModel:
+    """The target's cache and passes: one pass shape on a GPU, where kernels differ by shape (models/fixed_shape.py);
+    tree passes on the CPU, where padding costs and the kernels keep a row's sums in order (models/attention.py)."""
+    if uses_fixed_shape(target.device):
+        return FixedShapeModel(target, keep_hidden_states)
+    return TreeCachedModel(target, keep_hidden_states)
+
+
 class BatchDecoder:
     """Decodes a batch of rows with one drafter and one target pass per round for all of them.
 
@@ -225,7 +247,7 @@ class BatchDecoder:
         verify: Verify = verify_rows,  # the multi-candidate rule; the audit plants bugs here
         costs: BatchCosts | None = None,  # this device's round costs: drafts are cut when a shared pass pays for it
     ) -> None:
-        self.verifier = TreeCachedModel(target, keep_hidden_states=reads_hidden_state(drafter))
+        self.verifier = verifier_for(target, keep_hidden_states=reads_hidden_state(drafter))
         self.costs = costs
         self.drafter = drafter
         self.verify = verify
@@ -243,7 +265,8 @@ class BatchDecoder:
     ) -> None:
         assert key not in self.rows and len(prompt_ids) > 0, f"row {key!r}: a new key and a non-empty prompt"
         generator = generator or torch.Generator(device=self.verifier.device).manual_seed(sampling.seed)
-        self.rows[key] = _Row(list(prompt_ids), sampling, speculative, generator, drafting)
+        capacity = len(prompt_ids) + speculative.max_new_tokens
+        self.rows[key] = _Row(list(prompt_ids), capacity, sampling, speculative, generator, drafting)
 
     def remove(self, key: Hashable) -> None:
         """The row leaves at once; the others are untouched."""
@@ -255,7 +278,41 @@ class BatchDecoder:
         """One round for every row: draft, one target pass, the multi-candidate rule; finished rows leave.
 
         A row whose own settings fail (its probabilities, its trace) leaves with its exception as its outcome and
-        the other rows go on; a failure of a shared pass (the drafter's, the target's) is raised, for every row."""
+        the other rows go on; a failure of a shared pass (the drafter's, the target's) is raised, for every row. When
+        the device runs out of memory, the rows that joined this round leave with a sentence and the others go on
+        (out_of_memory)."""
+        try:
+            return self._step()
+        except torch.OutOfMemoryError:
+            return self._out_of_memory()
+
+    def _out_of_memory(self) -> list[tuple[Hashable, Round | Exception]]:
+        """The pass's memory is let go and the caches start afresh (each row reads its sequence again next round).
+        The rows that joined this round leave with a sentence and the others take their round; if they run out of
+        memory again, or no row joined, every row leaves with the sentence."""
+        self.verifier = verifier_for(self.verifier.model, self.verifier.keep_hidden_states)
+        for key in self.rows:
+            self.drafter.forget(key)
+        release_device_memory(self.verifier.device)
+        error = OutOfDeviceMemory(self.verifier.device)
+        joined = [key for key, row in self.rows.items() if row.num_rounds == 0]
+        leaving = joined if 0 < len(joined) < len(self.rows) else list(self.rows)
+        for key in leaving:
+            self.remove(key)
+        failed: list[tuple[Hashable, Round | Exception]] = [(key, error) for key in leaving]
+        if not self.rows:
+            return failed
+        try:
+            return failed + self._step()
+        except torch.OutOfMemoryError:
+            release_device_memory(self.verifier.device)
+            self.verifier = verifier_for(self.verifier.model, self.verifier.keep_hidden_states)
+            others = list(self.rows)
+            for key in others:
+                self.remove(key)
+            return failed + [(key, error) for key in others]
+
+    def _step(self) -> list[tuple[Hashable, Round | Exception]]:
         started = time.perf_counter()
         keys, rows = list(self.rows), list(self.rows.values())
         requests = [row.draft_request(key) for key, row in zip(keys, rows, strict=True)]
@@ -267,7 +324,7 @@ class BatchDecoder:
         forward_before = self.verifier.forward_seconds
         target_logits = self.verifier.logits(
             {
-                key: RowRequest(row.sequence_ids, d.token_ids, "all")
+                key: RowRequest(row.sequence_ids, d.token_ids, "all", row.capacity)
                 for key, row, d in zip(keys, rows, drafts, strict=True)
             }
         )  # per row [W, K+1, V]
@@ -300,6 +357,9 @@ class BatchDecoder:
         for key in failed:
             self.remove(key)
         other_seconds = time.perf_counter() - verified
+        planned = [o for _, o in outcomes if isinstance(o, Round) and o.plan is not None]
+        if len(rows) == 1 and planned:  # what the plan expected of a one-row round against what it took
+            watch(self.verifier.model).observe(planned[0].plan, planned[0].verify_seconds + other_seconds)
         return [
             (key, replace(outcome, other_seconds=other_seconds) if isinstance(outcome, Round) else outcome)
             for key, outcome in outcomes

@@ -31,6 +31,8 @@ class RowRequest:
     branch_ids: list[list[int]]  # W draft chains hanging from the trunk's last token; may be empty
     logits_for: Literal["all", "tips"]  # all: the trunk's end and every branch token (verification);
     # tips: each branch's last token, or the trunk's end when there is no branch (one drafting step)
+    capacity: int = 0  # the most tokens the row's sequence and branches will hold (prompt + max_new_tokens); 0: not
+    # known. Fixed-shape passes size the row's slots by it once (models/fixed_shape.py); tree passes grow as they go
 
 
 @dataclass(frozen=True)
@@ -87,16 +89,17 @@ class PassPlan:
     moves: list[tuple[int, int, int]]  # (row, from slot, to slot): keys and values to copy before the pass
     fed: dict[Hashable, int]  # tokens each asked row feeds
 
-    def masks(self, window: int | None = None) -> torch.Tensor:  # [B, 1, n, W] bool
+    def masks(self, window: int | None = None, device: torch.device | str = "cpu") -> torch.Tensor:  # [B, 1, n, W] bool
         """Which slot each column may attend to: its trunk and tree ancestors, and with a sliding `window` only those
-        less than the window behind it."""
-        slots = torch.arange(self.width)  # [W]
-        visible = slots[None, None, :] < torch.tensor(self.visible_below)[:, :, None]  # [B, n, W]
+        less than the window behind it; made on `device`."""
+        slots = torch.arange(self.width, device=device)  # [W]
+        visible = slots[None, None, :] < torch.tensor(self.visible_below, device=device)[:, :, None]  # [B, n, W]
         if self.tree_visible:
-            row, column, slot = torch.tensor(self.tree_visible).T
+            row, column, slot = torch.tensor(self.tree_visible, device=device).T
             visible[row, column, slot] = True
         if window is not None:
-            behind = torch.tensor(self.positions)[:, :, None] - torch.tensor(self.key_positions)[:, None, :]
+            positions = torch.tensor(self.positions, device=device)  # [B, n]
+            behind = positions[:, :, None] - torch.tensor(self.key_positions, device=device)[:, None, :]
             visible &= behind < window
         return visible[:, None]
 

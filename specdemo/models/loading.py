@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import socket
@@ -205,9 +206,30 @@ def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
 
 
 def free_memory_bytes(device: torch.device) -> int:
+    return device_memory(device)[0]
+
+
+def device_memory(device: torch.device) -> tuple[int, int]:
+    """Free and total bytes of the memory `device` computes in (the GPU's, or the machine's for the CPU)."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return psutil.virtual_memory().available
+        return torch.cuda.mem_get_info(device)
+    memory = psutil.virtual_memory()
+    return memory.available, memory.total
+
+
+def release_device_memory(device: torch.device) -> None:
+    """Give back what PyTorch's allocator holds but no tensor uses, after a pass ran out of memory."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def readable_bytes(size: float) -> str:
+    """2.4 GB, 35 MB or 12 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size / 1e3:.0f} kB"
 
 
 def check_fits(name: str, config: PretrainedConfig, device: torch.device, dtype: torch.dtype) -> None:

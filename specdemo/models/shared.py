@@ -43,6 +43,11 @@ class ModelCache:
                 self._evict()
             return loaded
 
+    def holds(self, name: str, **load_options: object) -> bool:
+        """Whether `name` is held on the device and in the dtype asked for (get would not load it)."""
+        with self.lock:
+            return name in self.models and _serves(self.models[name], load_options)
+
     def put(self, loaded: LoadedModel) -> None:
         """Hold an already-loaded model under its name, as if `get` had loaded it."""
         with self.lock:

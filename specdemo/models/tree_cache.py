@@ -56,7 +56,7 @@ class RowCache:
         self.values: list[torch.Tensor] = []
         self.rows = 0  # B: the rows in use, the first ones
         self.slots = 0  # L, the scratch slot included
-        self.write_rows = self.write_slots = torch.empty(0, dtype=torch.long)  # [B*n] where this pass writes
+        self.write_rows = self.write_slots = torch.empty(0, dtype=torch.long, device="cpu")  # [B*n] where it writes
         self.width = 0  # W: slots attended this pass
 
     def reserve(self, rows: int, slots: int) -> None:
@@ -72,10 +72,10 @@ class RowCache:
 
     def begin(self, plan: PassPlan, device: torch.device) -> None:
         """The pass's writes: column c of row b goes to plan.write_slots[b][c] (the scratch slot for padding)."""
-        slots = torch.tensor(plan.write_slots, dtype=torch.long)  # [B, n]
+        slots = torch.tensor(plan.write_slots, dtype=torch.long, device=device)  # [B, n]
         slots = torch.where(slots < 0, self.slots - 1, slots)
-        self.write_rows = torch.arange(slots.shape[0]).repeat_interleave(slots.shape[1]).to(device)  # [B*n]
-        self.write_slots = slots.flatten().to(device)  # [B*n]
+        self.write_rows = torch.arange(slots.shape[0], device=device).repeat_interleave(slots.shape[1])  # [B*n]
+        self.write_slots = slots.flatten()  # [B*n]
         self.width = plan.width
 
     def update(
@@ -222,7 +222,7 @@ class TreeCachedModel:
         tokens = torch.tensor(plan.tokens, dtype=torch.long, device=self.device)  # [B, n]
         positions = torch.tensor(plan.positions, dtype=torch.long, device=self.device)  # [B, n]
         masks = {
-            kind: plan.masks(self.sliding_window if kind == "sliding_attention" else None).to(self.device)
+            kind: plan.masks(self.sliding_window if kind == "sliding_attention" else None, self.device)
             for kind in self.layer_kinds
         }
         self.cache.begin(plan, self.device)

@@ -68,12 +68,12 @@ def read_positions(chunks: list[Path], depth: int) -> Positions:
             start, length = record["prompt_lengths"][b] - 1, len(tokens)
             if length - start < 2:
                 continue
-            t = torch.arange(start, length - 1)  # [n]
-            ahead = t[:, None] + torch.arange(1, depth + 1)  # [n, K] t+k
+            t = torch.arange(start, length - 1, device="cpu")  # [n] positions are read on the host
+            ahead = t[:, None] + torch.arange(1, depth + 1, device="cpu")  # [n, K] t+k
             inside = ahead < length
             at = ahead.clamp(max=length - 1)
             argmax = record["argmax"][b].long()
-            after = torch.cat([tokens.long(), torch.tensor([-1])])[at + 1]  # x_{t+k+1}; -1 past the end
+            after = torch.cat([tokens.long(), torch.tensor([-1], device="cpu")])[at + 1]  # x_{t+k+1}; -1 past the end
             columns["hidden"].append(record["hidden"][b][t])
             columns["inputs"].append(torch.where(inside, tokens.long()[at], 0))
             columns["argmax"].append(torch.where(inside, argmax[at], IGNORE))
@@ -102,9 +102,10 @@ class Curves:
 def held_out_acceptance(head: RecurrentHead, positions: Positions, limit: int = 4096) -> tuple[list[float], float]:
     """Greedy drafts of `depth` tokens from held-out positions against the target's argmax: α per draft position
     (accepted over reached), and tokens per target pass of one chain (1 + accepted), as the engine would count."""
-    chosen = torch.linspace(0, len(positions.hidden) - 1, min(limit, len(positions.hidden))).long()
-    depth = positions.inputs.shape[1]
-    drafts = head.beam_search(positions.hidden[chosen].float(), positions.inputs[chosen, 0], 1, depth)[:, 0]
+    chosen = torch.linspace(0, len(positions.hidden) - 1, min(limit, len(positions.hidden)), device="cpu").long()
+    depth, device = positions.inputs.shape[1], head.output_rows.device
+    hidden, inputs = positions.hidden[chosen].to(device).float(), positions.inputs[chosen, 0].to(device)
+    drafts = head.beam_search(hidden, inputs, 1, depth)[:, 0].cpu()
     accepted = drafts == positions.argmax[chosen]  # [n, K]
     # A drafted token's successor can be judged only where the text went on with it (its own context).
     goes_on = (accepted & positions.follows[chosen]).long().cumprod(dim=1)  # [n, K]
@@ -144,11 +145,12 @@ def fit(
     torch.manual_seed(settings.seed)
     vocabulary = sub_vocabulary(train, settings.vocabulary_size, target.get_output_embeddings().weight.shape[0])
     head = RecurrentHead(target, vocabulary.to(target.device), settings.num_blocks).float()
-    lookup = torch.full((head.embedding.shape[0],), IGNORE, dtype=torch.long)
-    lookup[vocabulary] = torch.arange(len(vocabulary))
+    device = head.output_rows.device
+    lookup = torch.full((head.embedding.shape[0],), IGNORE, dtype=torch.long, device=device)  # target id -> S
+    lookup[vocabulary.to(device)] = torch.arange(len(vocabulary), device=device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _rate(step, settings))
-    generator = torch.Generator().manual_seed(settings.seed)
+    generator = torch.Generator(device="cpu").manual_seed(settings.seed)  # picks batches of host positions
     curves, first_step = Curves(), 0
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
@@ -163,8 +165,9 @@ def fit(
     bar = tqdm(range(first_step, settings.steps), desc="training the head", unit="step", initial=first_step,
                total=settings.steps)  # fmt: skip
     for step in bar:
-        chosen = torch.randint(len(train.hidden), (settings.batch_size,), generator=generator)
-        loss = _loss(head, {name: getattr(train, name)[chosen] for name in batch_names}, lookup, settings.labels)
+        chosen = torch.randint(len(train.hidden), (settings.batch_size,), generator=generator, device=generator.device)
+        batch = {name: getattr(train, name)[chosen].to(device) for name in batch_names}
+        loss = _loss(head, batch, lookup, settings.labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

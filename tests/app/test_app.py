@@ -29,13 +29,12 @@ from specdemo.engine.decoding import autoregressive_generate
 from specdemo.engine.scheduler import DecodeRequest, Schedulers
 from specdemo.models.loading import chat_prompt_ids, native_bfloat16
 from specdemo.models.shared import ModelCache
+from tests.app_helpers import SPELLING, settings
 from tests.helpers import (
-    SPELLING,
     STORY,
     assert_engine_stops_within_a_second,
     count_rounds,
     make_round,
-    settings,
     trace_of,
     wait_for_rounds,
 )

@@ -10,7 +10,7 @@ from gradio_client.exceptions import AppError
 from specdemo.app.form import RUN_FIELDS
 from specdemo.app.one_prompt import check_run
 from specdemo.cli.main import main
-from tests.helpers import settings
+from tests.app_helpers import settings
 
 BAD = [  # (the setting, what the page and the API send, what the command line gets, the sentence)
     ("prompt", {"prompt": "   "}, ["--prompt", "   "], "The prompt is empty"),

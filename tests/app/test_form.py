@@ -10,7 +10,7 @@ from gradio_client import Client
 
 from specdemo.app import form
 from specdemo.app.form import RUN_FIELDS, Field, defaults, parse_request
-from tests.helpers import SPELLING, launched_app
+from tests.app_helpers import SPELLING, launched_app
 
 
 def test_a_setting_added_as_one_row_is_on_the_page_in_the_api_and_in_the_request(offline_model):

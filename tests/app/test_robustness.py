@@ -26,15 +26,13 @@ from specdemo.audit import MODEL_BATCH_ROWS
 from specdemo.drafters import SuffixDrafter
 from specdemo.engine.scheduler import IDLE_RELEASE_SECONDS, Schedulers
 from specdemo.models.loading import chat_prompt_ids, native_bfloat16
+from tests.app_helpers import SPELLING, launched_app, settings
 from tests.helpers import (
     GREEDY_PROMPTS,
-    SPELLING,
     STORY,
     assert_engine_stops_within_a_second,
     assert_equal_or_near_tie,
     count_rounds,
-    launched_app,
-    settings,
     trace_of,
     wait_for_rounds,
 )

@@ -15,8 +15,7 @@ from specdemo.drafters.recurrent import RecurrentDrafter, load_head, save_head, 
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, speculative_generate
 from tests.core.test_candidates import NUM_SAMPLES, V, emitted_counts, follows_target, verify_rule
-from tests.drafters.test_suffix import FREE
-from tests.helpers import TINY_VOCAB, tiny_model, tiny_recurrent_head
+from tests.helpers import FREE, TINY_VOCAB, tiny_model, tiny_recurrent_head
 
 EOS = frozenset([1])
 PROMPT = torch.tensor([[0, 5, 9, 5, 9, 12, 7]])
@@ -142,15 +141,21 @@ def test_the_engine_hands_the_head_the_targets_state_at_the_last_accepted_positi
     assert accepted > 0
 
 
-def test_the_hybrid_proposes_the_copy_and_the_heads_draft_and_greedy_is_target_only(tiny_target, tiny_trained_head):
-    """Greedy, a repetitive prompt: rounds where both candidates were proposed, each named in the trace, and the
-    tokens of the target alone."""
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_the_hybrid_proposes_at_most_w_candidates_and_greedy_is_target_only(tiny_target, tiny_trained_head, width):
+    """Greedy, a repetitive prompt: the tokens of the target alone, never more than W candidates (DraftRequest's
+    promise; it once gave 2W - 1), each named in the trace; at W = 1 the copy wins some rounds and the head others,
+    at W >= 2 some rounds test both."""
     prompt = torch.tensor([[0, 5, 9, 12, 7, 5, 9, 12, 7, 5, 9]])
     head = RecurrentDrafter(tiny_trained_head, TINY_VOCAB)
     drafter = HybridDrafter(SuffixDrafter(FREE, cache_tokens=0), head, lambda n: FREE, TINY_VOCAB)
-    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40)
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40, num_candidates=width)
     rounds = list(speculative_generate(tiny_target, drafter, prompt, SamplingConfig(), spec, EOS))
     alone = list(autoregressive_generate(tiny_target, prompt, SamplingConfig(), 40, EOS))
     assert emitted_ids(rounds) == emitted_ids(alone)
     sources = [tuple(c.source for c in r.candidates) for r in rounds]
-    assert ("copy", "head") in sources or ("head", "copy") in sources, sources
+    assert max(map(len, sources)) <= width, sources
+    if width == 1:
+        assert {("copy",), ("head",)} <= set(sources), sources
+    else:
+        assert ("copy", "head") in sources or ("head", "copy") in sources, sources

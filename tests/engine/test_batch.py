@@ -11,14 +11,10 @@ from specdemo.core.sampling import build_warpers, logits_to_probs, sample_from_p
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
 from specdemo.drafters import ModelDrafter, NgramDrafter, NoDrafter, find_ngram_continuations
-from specdemo.drafters.hybrid import HybridDrafter
-from specdemo.drafters.recurrent import RecurrentDrafter
-from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder, batch_generate, speculative_generate
 from specdemo.models.loading import OFFLINE_DEFAULT, chat_prompt_ids, load_model, native_bfloat16
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
-from tests.drafters.test_suffix import FREE
-from tests.helpers import GREEDY_PROMPTS, TINY_VOCAB, assert_equal_or_near_tie
+from tests.helpers import GREEDY_PROMPTS, TINY_VOCAB, assert_equal_or_near_tie, tiny_drafter
 
 EOS = frozenset([1])
 PROMPTS = [[0, 5, 9, 5, 9, 12, 7, 5, 9], [0, 3], [0, 10, 19, 5, 21, 5, 13, 13, 21, 4, 4, 7, 4, 4], [0, 8, 8, 8]]
@@ -44,14 +40,7 @@ def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(
     drafter remembers no earlier outputs here: with them, a row's drafts would depend on the rows that left.)"""
 
     def drafter():
-        if drafter_kind == "suffix":
-            return SuffixDrafter(FREE, cache_tokens=0)
-        if drafter_kind == "recurrent":
-            return RecurrentDrafter(tiny_trained_head, TINY_VOCAB)
-        if drafter_kind == "hybrid":
-            head = RecurrentDrafter(tiny_trained_head, TINY_VOCAB)
-            return HybridDrafter(SuffixDrafter(FREE, cache_tokens=0), head, lambda n: FREE, TINY_VOCAB)
-        return NgramDrafter(3, 1) if drafter_kind == "ngram" else ModelDrafter(tiny_draft, None, TINY_VOCAB)
+        return tiny_drafter(drafter_kind, tiny_draft, tiny_trained_head)
 
     def spec(limit: int) -> SpeculativeConfig:
         return SpeculativeConfig(num_draft_tokens=3, max_new_tokens=limit, num_candidates=num_candidates)

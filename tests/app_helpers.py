@@ -1,0 +1,34 @@
+"""Helpers of the app's tests: the /generate settings a user starts from, and the app launched in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import specdemo.app.page as page
+from specdemo.app.form import defaults
+from specdemo.app.one_prompt import EXAMPLES
+from specdemo.models.loading import LoadedModel
+from specdemo.models.shared import ModelCache
+
+SPELLING = EXAMPLES[0][0]
+
+
+def settings(prompt: str = SPELLING, **changes) -> dict:
+    """The /generate inputs by name (the settings table's defaults, a user's starting point) with a 40-token run in
+    float32, the pinned offline model's format where greedy parity is checked: `client.predict(**settings(...))`."""
+    return {"prompt": prompt, **defaults(max_new_tokens=40, dtype="float32"), **changes}
+
+
+@contextmanager
+def launched_app(loaded: LoadedModel, **build_options) -> Iterator[tuple[str, object]]:
+    """The app launched in-process with `loaded` already in its model cache (as its pinned default): its URL and its
+    server state (the tests reach its limits there)."""
+    cache = ModelCache(pinned=loaded.name)
+    cache.put(loaded)
+    demo = page.build_demo(cache, **build_options)
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
+    try:
+        yield url, demo.specdemo_server
+    finally:
+        demo.close()

@@ -1,0 +1,176 @@
+"""Fixed-shape passes (the GPU's): logits equal uncached ones through joins, candidates and departures, past a sliding
+window too; every decoding pass has one shape; a token's logits are the same bits however it is verified (float32 on
+this CPU, where tree passes differ); and the engine decodes with them what it decodes with tree passes."""
+
+# R = PASS_ROWS, n = PASS_COLUMNS, L = a row's slots, V = vocab_size
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.engine.decoding import BatchDecoder, speculative_generate
+from specdemo.models import fixed_shape
+from specdemo.models.fixed_shape import PASS_COLUMNS, PASS_ROWS, FixedShapeModel, slot_bucket
+from specdemo.models.layout import RowRequest
+from specdemo.models.tree_cache import TreeCachedModel
+from tests.engine.test_batch import PROMPTS, SETTINGS
+from tests.helpers import TINY_VOCAB, tiny_drafter, tiny_model
+from tests.models.test_tree_cache import tiny_gemma
+
+EOS = frozenset([1])
+
+
+@pytest.mark.parametrize("model_kind", ["llama", "gemma-window-8"])
+def test_fixed_shape_logits_equal_uncached_logits(model_kind, monkeypatch):
+    """Random rows join, sit passes out, accept part of a candidate and leave; rows that name no capacity outgrow
+    their slots (MIN_SLOTS made small) and move; logits stay those of the row alone, past the sliding window too."""
+    monkeypatch.setattr(fixed_shape, "MIN_SLOTS", 16)
+    model = tiny_model(0) if model_kind == "llama" else tiny_gemma(1)
+    cached, rng, worst, checked = FixedShapeModel(model), random.Random(0), 0.0, 0
+    rows = {key: [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 9))] for key in range(3)}
+    capacity = {0: 80, 1: 0, 2: 0}
+    for step in range(30):
+        if step == 10:
+            rows[7], capacity[7] = [rng.randrange(TINY_VOCAB) for _ in range(12)], 60
+        if step == 20:
+            rows.pop(0)
+            cached.drop(0)
+        keys = [key for key in rows if rng.random() < 0.8] or list(rows)
+        asked = {}
+        for key in keys:
+            branches = [[rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(0, 3))]
+            asked[key] = RowRequest(rows[key], branches, "all", capacity[key])
+        for (key, request), logits in zip(asked.items(), cached.logits(asked), strict=True):
+            for w, branch in enumerate(request.branch_ids or [[]]):
+                for depth in range(len(branch) + 1):
+                    with torch.inference_mode():
+                        alone = model(torch.tensor([request.trunk_ids + branch[:depth]])).logits[0, -1]
+                    worst, checked = max(worst, float((logits[w, depth] - alone).abs().max())), checked + 1
+            branch = rng.choice(request.branch_ids or [[]])  # the row accepts part of a candidate, as after a round
+            rows[key] = rows[key] + branch[: rng.randint(0, len(branch))] + [rng.randrange(TINY_VOCAB)]
+    assert worst < 1e-9 and checked > 200
+    assert max(map(len, rows.values())) > 3 * 16, "no row outgrew its slots"
+    for key in list(rows):
+        cached.drop(key)
+    cached.logits({})
+    assert not cached.pools, "every row left, but a pool kept its memory"
+
+
+def verified_logits(cached, sequence: list[int], rng: random.Random) -> dict[int, torch.Tensor]:
+    """The logits after each position of `sequence`, taken from draft verification: the sequence's own tokens as the
+    second of two candidates (the first a wrong one), at random depths, beside a second row that decodes too."""
+    found, position, other = {}, 8, list(sequence[:5])
+    while position < len(sequence) - 1:
+        draft = sequence[position : position + rng.randint(1, 6)]
+        wrong = [rng.randrange(TINY_VOCAB) for _ in range(3)]
+        asked = {
+            0: RowRequest(sequence[:position], [wrong, draft], "all", 64),
+            1: RowRequest(other, [wrong], "all", 64),
+        }
+        logits = cached.logits(asked)[0]  # [2, K+1, V]
+        for depth in range(len(draft)):
+            found[position + depth] = logits[1, depth]
+        position += rng.randint(0, len(draft)) + 1  # some accepted, then the next token
+        other = other + wrong[:1] + [rng.randrange(TINY_VOCAB)]
+    return found
+
+
+def stepped_logits(cached, sequence: list[int]) -> dict[int, torch.Tensor]:
+    """The logits after each position of `sequence` from one-token steps, the row alone."""
+    return {t: cached.logits({0: RowRequest(sequence[:t], [], "all", 64)})[0][0, 0] for t in range(8, len(sequence))}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tokens_logits_are_the_same_bits_however_it_is_verified(dtype):
+    """Decoded alone one token a step, or verified at any depth of a second candidate beside another row: the same
+    logits, bit for bit. Tree passes on this CPU give other bits in float32 for every position (a one-token step
+    takes another matrix kernel): the control shows the test can fail here."""
+    model = tiny_model(0).to(dtype)
+    rng = random.Random(0)
+    sequence = [rng.randrange(TINY_VOCAB) for _ in range(48)]
+    alone = stepped_logits(FixedShapeModel(model), sequence)
+    verified = verified_logits(FixedShapeModel(model), sequence, rng)
+    assert len(verified) > 30
+    differing = [t for t in verified if not torch.equal(verified[t], alone[t])]
+    assert not differing, f"positions {differing} have other bits when verified"
+    if dtype == torch.float32:
+        tree_alone = stepped_logits(TreeCachedModel(model), sequence)
+        tree_verified = verified_logits(TreeCachedModel(model), sequence, random.Random(0))
+        assert any(not torch.equal(tree_verified[t], tree_alone[t]) for t in tree_verified), (
+            "the control lost its power"
+        )
+
+
+def test_every_decoding_pass_has_one_shape(tiny_target, tiny_draft, tiny_trained_head, monkeypatch):
+    """Rows of three lengths, target-only and speculative with up to three candidates, joining a running batch: every
+    pass reads R x n tokens over a row's L slots, except the passes that read a prompt, each [1, its length - 1]."""
+    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    shapes = []
+    hook = tiny_target.register_forward_pre_hook(
+        lambda _, args, kwargs: shapes.append((tuple(kwargs["input_ids"].shape), kwargs["attention_mask"].shape[-1])),
+        with_kwargs=True,
+    )
+    try:
+        decoder = BatchDecoder(tiny_target, tiny_drafter("hybrid", tiny_draft, tiny_trained_head), EOS)
+        for row in range(3):
+            spec = SpeculativeConfig(num_draft_tokens=5, max_new_tokens=20, num_candidates=row + 1)
+            decoder.add(row, PROMPTS[row], SETTINGS[row][0], spec, drafting=row > 0)
+        joined = False
+        while decoder.rows:
+            decoder.step()
+            if len(decoder.rows) == 2 and not joined:  # joins a running batch
+                decoder.add(3, PROMPTS[3], SamplingConfig(), SpeculativeConfig(max_new_tokens=10))
+                joined = True
+    finally:
+        hook.remove()
+    reads = [shape for shape in shapes if shape[0][0] == 1]
+    decodes = [shape for shape in shapes if shape[0][0] != 1]
+    expected = [((1, len(p) - 1), slot_bucket(len(p) + 20)) for p in PROMPTS[:3]]
+    assert sorted(reads) == sorted([*expected, ((1, len(PROMPTS[3]) - 1), slot_bucket(len(PROMPTS[3]) + 10))])
+    assert len(decodes) > 10 and {tokens for tokens, _ in decodes} == {(PASS_ROWS, PASS_COLUMNS)}, decodes
+
+
+@pytest.mark.parametrize("num_candidates", [1, 3])
+@pytest.mark.parametrize("drafter_kind", ["ngram", "suffix", "model", "recurrent", "hybrid"])
+def test_the_engine_decodes_with_fixed_shapes_what_it_decodes_with_tree_passes(
+    tiny_target, tiny_draft, tiny_trained_head, drafter_kind, num_candidates, monkeypatch
+):
+    """A ragged batch of greedy and sampled rows, in float64: the same rounds, token for token, with either cache."""
+
+    def decode(shape: str) -> dict[int, list]:
+        monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, shape)
+        decoder = BatchDecoder(tiny_target, tiny_drafter(drafter_kind, tiny_draft, tiny_trained_head), EOS)
+        assert isinstance(decoder.verifier, FixedShapeModel if shape == "fixed" else TreeCachedModel)
+        for row, (sampling, limit) in enumerate(SETTINGS):
+            spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=limit, num_candidates=num_candidates)
+            decoder.add(row, PROMPTS[row], sampling, spec)
+        rounds: dict[int, list] = {row: [] for row in range(len(SETTINGS))}
+        while decoder.rows:
+            for row, round_ in decoder.step():
+                rounds[row].append((round_.draft_token_ids, round_.num_accepted, round_.emitted_token_ids))
+        return rounds
+
+    fixed, tree = decode("fixed"), decode("tree")
+    assert fixed == tree
+    assert any(accepted for rounds in fixed.values() for _, accepted, _ in rounds), "nothing was ever accepted"
+
+
+def test_greedy_speculative_text_is_target_only_text_with_fixed_shapes_in_float32(monkeypatch):
+    """Every drafter kind with three candidates on a float32 model: speculative text is target-only text, as on a
+    GPU in bfloat16; the hidden state the head reads comes from the same passes."""
+    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    target = tiny_model(1).float()
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40, num_candidates=3)
+    prompt = torch.tensor([PROMPTS[2]])
+    alone = speculative_generate(target, tiny_drafter("none", None, None), prompt, SamplingConfig(), spec, EOS)
+    expected = [token for round_ in alone for token in round_.emitted_token_ids]
+    for kind in ("ngram", "suffix", "model"):
+        draft = tiny_model(2, num_layers=1).float()
+        rounds = list(
+            speculative_generate(target, tiny_drafter(kind, draft, None), prompt, SamplingConfig(), spec, EOS)
+        )
+        assert [token for round_ in rounds for token in round_.emitted_token_ids] == expected, kind
