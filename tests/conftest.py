@@ -12,7 +12,6 @@ from transformers import LlamaForCausalLM
 
 from specdemo.engine.resources import release_openmp_workers
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model
-from tests.app_helpers import launched_app
 from tests.helpers import tiny_model, train_tiny_head
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
@@ -61,6 +60,8 @@ def offline_model() -> LoadedModel:
 @pytest.fixture(scope="session")
 def app_and_server(offline_model) -> Iterator[tuple[str, object]]:
     """The app launched in-process on the offline default (already loaded): its URL and its server state."""
+    from tests.app_helpers import launched_app  # Gradio, imported only where the app is tested
+
     with launched_app(offline_model) as (url, server):
         yield url, server
 

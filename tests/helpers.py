@@ -234,13 +234,17 @@ def tiny_recurrent_head(target: PreTrainedModel, seed: int, vocabulary_size: int
 
 
 def train_tiny_head(
-    target: PreTrainedModel, directory: Path, vocabulary_size: int = 24, output: Path | None = None
+    target: PreTrainedModel,
+    directory: Path,
+    vocabulary_size: int = 24,
+    output: Path | None = None,
+    device: torch.device | None = None,  # where the target is: the CPU by default
 ) -> tuple[RecurrentHead, dict]:
     """A head trained for a few seconds on the greedy texts of a tiny target (train_drafter end to end), written to
     `output` (default: directory / "head.pt")."""
     output = output or directory / "head.pt"
     words = ["<unk>", "</s>", *(f"w{i}" for i in range(target.config.vocab_size - 2))]
-    loaded = LoadedModel("tiny", target, word_tokenizer(words), torch.device("cpu"))
+    loaded = LoadedModel("tiny", target, word_tokenizer(words), device or torch.device("cpu"))
     data = DataSettings(num_texts=32, max_new_tokens=48, batch_size=8, temperature=0.0)
     settings = FitSettings(steps=400, batch_size=64, depth=3, vocabulary_size=vocabulary_size, held_out_texts=8)
     summary = train_drafter(loaded, data, settings, directory / "cache", output, None, print)

@@ -60,13 +60,15 @@ def test_fixed_shape_logits_equal_uncached_logits(model_kind, monkeypatch):
     assert not cached.pools, "every row left, but a pool kept its memory"
 
 
-def verified_logits(cached, sequence: list[int], rng: random.Random) -> dict[int, torch.Tensor]:
+def verified_logits(
+    cached, sequence: list[int], rng: random.Random, vocab_size: int = TINY_VOCAB
+) -> dict[int, torch.Tensor]:
     """The logits after each position of `sequence`, taken from draft verification: the sequence's own tokens as the
     second of two candidates (the first a wrong one), at random depths, beside a second row that decodes too."""
     found, position, other = {}, 8, list(sequence[:5])
     while position < len(sequence) - 1:
         draft = sequence[position : position + rng.randint(1, 6)]
-        wrong = [rng.randrange(TINY_VOCAB) for _ in range(3)]
+        wrong = [rng.randrange(vocab_size) for _ in range(3)]
         asked = {
             0: RowRequest(sequence[:position], [wrong, draft], "all", 64),
             1: RowRequest(other, [wrong], "all", 64),
@@ -75,7 +77,7 @@ def verified_logits(cached, sequence: list[int], rng: random.Random) -> dict[int
         for depth in range(len(draft)):
             found[position + depth] = logits[1, depth]
         position += rng.randint(0, len(draft)) + 1  # some accepted, then the next token
-        other = other + wrong[:1] + [rng.randrange(TINY_VOCAB)]
+        other = other + wrong[:1] + [rng.randrange(vocab_size)]
     return found
 
 
