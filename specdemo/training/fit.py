@@ -144,7 +144,7 @@ def fit(
     """Train a head, resuming from `checkpoint` when it was made with the same settings."""
     torch.manual_seed(settings.seed)
     vocabulary = sub_vocabulary(train, settings.vocabulary_size, target.get_output_embeddings().weight.shape[0])
-    head = RecurrentHead(target, vocabulary.to(target.device), settings.num_blocks).float()
+    head = RecurrentHead(target, vocabulary.to(target.device), settings.num_blocks).to(target.device).float()
     device = head.output_rows.device
     lookup = torch.full((head.embedding.shape[0],), IGNORE, dtype=torch.long, device=device)  # target id -> S
     lookup[vocabulary.to(device)] = torch.arange(len(vocabulary), device=device)
