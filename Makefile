@@ -37,7 +37,8 @@ test: lint chromium
 test-fast: install
 	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest -m "not slow" tests/core tests/drafters tests/engine tests/models
 
-# The GPU checks (tests/test_gpu.py); without CUDA they skip, and -rs prints why.
+# The GPU checks (tests/test_gpu.py); without CUDA they skip, and -rs prints why. On a bare GPU machine (no network,
+# no Gradio) run them with its own Python, no install: python3 -m pytest -m gpu tests/test_gpu.py
 # SPECDEMO_GPU_TEST_DEVICE=cpu make test-gpu runs the same file on the CPU as a dry run.
 test-gpu: install
 	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest -m gpu -rs tests/test_gpu.py

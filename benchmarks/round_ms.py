@@ -1,6 +1,7 @@
 """A round's wall time in milliseconds, by pass width, for one row and for eight: engine rounds (the pass, the cache's
-bookkeeping, the probabilities and the rule) after a 200-token context, the median of 7. It runs on this commit and on
-commits before the move into packages, so two engines can be alternated:
+bookkeeping, the probabilities and the rule) after a 200-token context, the fastest of 7 (the median before
+2026-11-26). SPECDEMO_PASS_SHAPE=fixed or tree picks the passes (a CPU takes tree passes by default). It runs on this
+commit and on commits before the move into packages, so two engines can be alternated:
 
     PYTHONPATH=. .venv/bin/python benchmarks/round_ms.py --dtype bfloat16
     (cd ../other-checkout && PYTHONPATH=. /path/to/.venv/bin/python /path/to/benchmarks/round_ms.py --dtype bfloat16)"""
