@@ -287,30 +287,31 @@ class BatchDecoder:
             return self._out_of_memory()
 
     def _out_of_memory(self) -> list[tuple[Hashable, Round | Exception]]:
-        """The pass's memory is let go and the caches start afresh (each row reads its sequence again next round).
-        The rows that joined this round leave with a sentence and the others take their round; if they run out of
-        memory again, or no row joined, every row leaves with the sentence."""
+        """The rows that joined this round leave with a sentence and the others take their round, on fresh caches; if
+        they run out of memory again, or no row joined, every row leaves with the sentence."""
+        self._start_afresh()
+        error = OutOfDeviceMemory(self.verifier.device)
+        joined = [key for key, row in self.rows.items() if row.num_rounds == 0]
+        failed = self._leave(joined if 0 < len(joined) < len(self.rows) else list(self.rows), error)
+        if self.rows:
+            try:
+                return failed + self._step()
+            except torch.OutOfMemoryError:
+                self._start_afresh()
+                failed += self._leave(list(self.rows), error)
+        return failed
+
+    def _start_afresh(self) -> None:
+        """New caches (each row reads its sequence again at its next pass), and the memory of the old ones let go."""
         self.verifier = verifier_for(self.verifier.model, self.verifier.keep_hidden_states)
         for key in self.rows:
             self.drafter.forget(key)
         release_device_memory(self.verifier.device)
-        error = OutOfDeviceMemory(self.verifier.device)
-        joined = [key for key, row in self.rows.items() if row.num_rounds == 0]
-        leaving = joined if 0 < len(joined) < len(self.rows) else list(self.rows)
-        for key in leaving:
+
+    def _leave(self, keys: list[Hashable], error: Exception) -> list[tuple[Hashable, Round | Exception]]:
+        for key in keys:
             self.remove(key)
-        failed: list[tuple[Hashable, Round | Exception]] = [(key, error) for key in leaving]
-        if not self.rows:
-            return failed
-        try:
-            return failed + self._step()
-        except torch.OutOfMemoryError:
-            release_device_memory(self.verifier.device)
-            self.verifier = verifier_for(self.verifier.model, self.verifier.keep_hidden_states)
-            others = list(self.rows)
-            for key in others:
-                self.remove(key)
-            return failed + [(key, error) for key in others]
+        return [(key, error) for key in keys]
 
     def _step(self) -> list[tuple[Hashable, Round | Exception]]:
         started = time.perf_counter()
