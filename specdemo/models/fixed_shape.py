@@ -27,9 +27,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.config import MAX_NUM_DRAFT_TOKENS
-from specdemo.models.attention import use_tree_attention
 from specdemo.models.layout import HOLE, RowRequest
-from specdemo.models.tree_cache import attention_kinds, synchronize
+from specdemo.models.tree_cache import CachedModel, synchronize
 
 PASS_ROWS = 8  # R: chains per pass; a batch of up to 8 one-candidate rows (the app's) decodes in one pass
 PASS_COLUMNS = MAX_NUM_DRAFT_TOKENS + 1  # n: a chain is the sequence's last token and up to K drafted ones
@@ -139,23 +138,14 @@ class _Fed:
     start: int  # the slot (and position) of its first token
 
 
-class FixedShapeModel:
+class FixedShapeModel(CachedModel):
     """TreeCachedModel's contract (logits_for="all"), with every pass of one shape (see the module's docstring)."""
 
     def __init__(self, model: PreTrainedModel, keep_hidden_states: bool = False) -> None:
-        self.model = model
-        self.keep_hidden_states = keep_hidden_states  # for a drafter that reads them: last_hidden_states
-        self.device = model.device
-        self.layer_kinds = attention_kinds(model.config.name_or_path or model.config.model_type, model.config)
-        self.sliding_window = getattr(model.config, "sliding_window", None)
-        use_tree_attention(model)
+        super().__init__(model, keep_hidden_states)
         self.rows: dict[Hashable, _Row] = {}
         self.pools: dict[int, _Pool] = {}  # by L
         self.leaving: set[Hashable] = set()
-        self.forward_seconds = 0.0
-        self.last_forward_seconds = 0.0
-        self.last_input_lengths: dict[Hashable, int] = {}  # tokens fed per row in the latest call
-        self.last_hidden_states: dict[Hashable, torch.Tensor] = {}  # per row asked, [W, K+1, H], if kept
 
     def drop(self, key: Hashable) -> None:
         """The row leaves before the next pass; its chain rows go back to its pool."""

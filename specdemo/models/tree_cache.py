@@ -19,7 +19,7 @@ from specdemo.models.layout import HOLE, PassPlan, RowRequest, TreeLayout
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 GROWTH = 1.5  # capacity grows by this factor (and never below what a pass needs), so rows rarely trigger a copy
 
-__all__ = ["HOLE", "RowRequest", "TreeCachedModel", "attention_kinds", "synchronize"]
+__all__ = ["HOLE", "CachedModel", "RowRequest", "TreeCachedModel", "attention_kinds", "synchronize"]
 
 
 def attention_kinds(name: str, config: PretrainedConfig) -> tuple[str, ...]:
@@ -126,10 +126,9 @@ def _grown(table: torch.Tensor, rows: int, slots: int) -> torch.Tensor:  # [B, H
     return grown
 
 
-class TreeCachedModel:
-    """A model and one KV cache for a batch of rows that join, leave, grow and branch independently; every row's
-    logits are those of the row alone, bit for bit in any batch (models/attention.py), and the sliding window is
-    applied in the mask by position, so a sliding-window model stays exact however far it decodes."""
+class CachedModel:
+    """What the engine's caches share (this tree cache, and models/fixed_shape.py's on a GPU): the model attending
+    with tree_attention, its layers' attention kinds and sliding window, and what the latest passes fed and took."""
 
     def __init__(self, model: PreTrainedModel, keep_hidden_states: bool = False) -> None:
         self.model = model
@@ -138,13 +137,22 @@ class TreeCachedModel:
         self.layer_kinds = attention_kinds(model.config.name_or_path or model.config.model_type, model.config)
         self.sliding_window = getattr(model.config, "sliding_window", None)
         use_tree_attention(model)
-        self.layout = TreeLayout()
-        self.cache = RowCache()
         self.forward_seconds = 0.0
         self.last_forward_seconds = 0.0
-        self.last_input_lengths: dict[Hashable, int] = {}  # tokens fed per row in the latest pass
+        self.last_input_lengths: dict[Hashable, int] = {}  # tokens fed per row in the latest call
         self.last_hidden_states: dict[Hashable, torch.Tensor] = {}  # per row asked, the final (normed) hidden states
         # where its logits were read, arranged as `logits` arranges them ([W, K+1, H] or [W, H]), if kept
+
+
+class TreeCachedModel(CachedModel):
+    """A model and one KV cache for a batch of rows that join, leave, grow and branch independently; every row's
+    logits are those of the row alone, bit for bit in any batch (models/attention.py), and the sliding window is
+    applied in the mask by position, so a sliding-window model stays exact however far it decodes."""
+
+    def __init__(self, model: PreTrainedModel, keep_hidden_states: bool = False) -> None:
+        super().__init__(model, keep_hidden_states)
+        self.layout = TreeLayout()
+        self.cache = RowCache()
 
     @property
     def length(self) -> int:
