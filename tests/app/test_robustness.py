@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import threading
 import time
@@ -26,6 +27,7 @@ from specdemo.audit import MODEL_BATCH_ROWS
 from specdemo.drafters import SuffixDrafter
 from specdemo.engine.scheduler import IDLE_RELEASE_SECONDS, Schedulers
 from specdemo.models.loading import chat_prompt_ids, native_bfloat16
+from specdemo.models.tree_cache import TreeCachedModel
 from tests.app_helpers import SPELLING, launched_app, settings
 from tests.helpers import (
     GREEDY_PROMPTS,
@@ -278,6 +280,36 @@ def test_a_failure_in_one_row_reaches_only_its_user(client, app, monkeypatch):
         job.result()
     assert "The run failed (RuntimeError: CUDA out of memory (simulated))" in job.outputs()[-1][1]  # the summary too
     assert other.result()[0].count("tok-") >= 20, "the run beside it should complete"
+    monkeypatch.undo()
+    assert "tok-" in client.predict(**settings(max_new_tokens=8), api_name="/generate")[0]
+
+
+def test_running_out_of_device_memory_is_one_sentence_and_the_run_beside_it_goes_on(client, app, monkeypatch):
+    """A run whose long prompt the device cannot hold (the target's pass raises PyTorch's out-of-memory error when it
+    joins) gets one sentence naming the memory, on the page and as the error; the run already decoding beside it
+    completes, and the app keeps serving."""
+    real = TreeCachedModel.logits
+
+    def logits(cached, asked):
+        if any(len(request.trunk_ids) > 300 for request in asked.values()):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(cached, asked)
+
+    monkeypatch.setattr(TreeCachedModel, "logits", logits)
+    other = Client(app, verbose=False).submit(
+        **settings("Write a short poem about the sea.", max_new_tokens=60, compare=False), api_name="/generate"
+    )
+    deadline = time.monotonic() + 60
+    while not any("tok-" in str(update[0]) for update in other.outputs()):  # it decodes: it has had a round
+        assert time.monotonic() < deadline, "the first run never streamed"
+        time.sleep(0.05)
+    job = client.submit(**settings("Repeat: " + "sea " * 320, max_new_tokens=8, compare=False), api_name="/generate")
+    sentence = r"This run needed more memory than the cpu device had \(.* GiB free\): lower max-new-tokens"
+    with pytest.raises(AppError, match=sentence) as caught:
+        job.result()
+    assert str(caught.value).startswith("This run needed more memory"), str(caught.value)[:200]  # the sentence alone
+    assert re.match(rf"\*\*{sentence}", job.outputs()[-1][1]), job.outputs()[-1][1][:300]
+    assert other.result()[0].count("tok-") >= 30, "the run beside it should complete"
     monkeypatch.undo()
     assert "tok-" in client.predict(**settings(max_new_tokens=8), api_name="/generate")[0]
 

@@ -114,6 +114,23 @@ def test_a_failing_run_is_one_sentence_and_exit_1_and_debug_shows_the_traceback(
         main(["generate", "--prompt", PROMPT, "--max-new-tokens", "4", "--debug"])
 
 
+def test_running_out_of_device_memory_is_one_sentence_and_exit_2(monkeypatch, capsys):
+    """The target's pass raises PyTorch's out-of-memory error (as CUDA's would): one sentence naming the memory free
+    and the way forward, exit code 2, no traceback."""
+    from specdemo.models.tree_cache import TreeCachedModel
+
+    def out_of_memory(self, asked):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(TreeCachedModel, "logits", out_of_memory)
+    assert main(["generate", "--pair", "smollm2-135m-ngram", "--prompt", PROMPT, "--max-new-tokens", "4"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: This run needed more memory than the cpu device had (")
+    assert error.endswith(
+        "lower max-new-tokens, the batch size or num-candidates, shorten the prompt, or pick a smaller pair."
+    )
+
+
 CPU = torch.device("cpu")
 NO_NATIVE_BFLOAT16 = (
     "error: This CPU has no native bfloat16 (AMX or AVX-512 BF16), so bfloat16 would run in software and be slow; "
