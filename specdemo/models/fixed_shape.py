@@ -10,8 +10,9 @@ query always sees slots 0..t, and every product it takes part in has the same sh
 their own, whose shape depends on the prompt alone. So greedy speculative text equals target-only text, and a row's
 text is the same in any batch, bit for bit (docs/how-it-works.md; tests/models/test_fixed_shape.py).
 
-On a CPU, padding every pass to PASS_ROWS x PASS_COLUMNS tokens costs several one-token steps (bench --pass-costs),
-and the CPU's kernels already keep a row's sums in order (models/attention.py): the CPU keeps tree_cache.py."""
+On a CPU, a one-token round padded to PASS_ROWS x PASS_COLUMNS tokens costs about eleven one-token rounds
+(benchmarks/README.md), and the CPU's kernels already keep a row's sums in order (models/attention.py): the CPU keeps
+tree_cache.py."""
 
 # R = PASS_ROWS chains per pass, n = PASS_COLUMNS tokens per chain, L = a row's slots (its bucket), V = vocab_size,
 # H = hidden size, Hkv = key-value heads, d = head size, W = a row's candidates, K = its longest, m = tokens read
@@ -123,6 +124,8 @@ class _PassCache:
 
 @dataclass
 class _Row:
+    """A row of the batch: its candidates' chain rows, all in the pool of its slot bucket."""
+
     pool: _Pool
     chains: list[_Chain]  # chain 0 always; one per candidate of the widest pass so far
 
