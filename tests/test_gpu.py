@@ -18,7 +18,7 @@ import platform
 import random
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -94,7 +94,6 @@ class Subject:
     head: RecurrentHead
     draft: PreTrainedModel  # a smaller model of the same vocabulary
     loaded: LoadedModel | None = None  # the offline model, when its weights are here
-    notes: list[str] = field(default_factory=list)
 
 
 def use_offline_weights() -> bool:
