@@ -24,6 +24,11 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+# How long the page may take to end a run, an audit or a round before a test gives up: seconds on an idle machine,
+# minutes on a busy one (a fresh clone's run beside another job on both cores took 5 minutes for the six lessons).
+RUN_ENDS_MS = 300_000
+# Anything else the page does (a note, a chart, a toast) comes within this.
+REACTS_MS = 60_000
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,7 @@ def browser():
 
 def open_page(browser, url: str, theme: str = "light"):
     page = browser.new_page(viewport={"width": 1400, "height": 1300})
+    page.set_default_timeout(REACTS_MS)
     page.goto(f"{url}?__theme={theme}", wait_until="domcontentloaded")
     page.wait_for_selector("#prompt textarea")
     return page
@@ -59,7 +65,7 @@ def run_first_example(page) -> None:
     page.get_by_text("Correct the spelling mistakes", exact=False).first.click()
     page.wait_for_function("document.querySelector('#prompt textarea').value.includes('quartely')")
     page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
 
 
 def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
@@ -67,7 +73,7 @@ def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
     page = open_page(browser, app)
     for chart in ("#acceptance-chart", "#latency-chart", "#positions-chart", "#throughput-chart"):
         # drawn empty at load, so plotly's first drawing does not take the cores during a timed run
-        page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg", timeout=30_000)
+        page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg")
     page.screenshot(path=str(ARTIFACTS / "before-a-run.png"), full_page=True)
     run_first_example(page)
     kinds = page.eval_on_selector_all("#tokens .tok", "spans => [...new Set(spans.map(s => s.classList[1]))]")
@@ -78,7 +84,7 @@ def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
     title = page.get_attribute("#tokens .tok-accepted", "title")
     assert "target p =" in title and "uniform draw u =" in title
     for chart in ("#acceptance-chart", "#latency-chart"):
-        page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg", timeout=30_000)
+        page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg")
     assert "identical" in page.text_content("#summary")
     assert page.inner_text("#tokens details.alone summary").startswith("The target alone: ")  # its text, folded
     screenshot_light_and_dark(page, "run")
@@ -95,7 +101,7 @@ def test_stop_halts_the_stream(browser, app):
     page = open_page(browser, app)
     page.fill("#prompt textarea", "Write a long story about a dragon who learns to bake bread.")
     page.click("#run")
-    page.wait_for_function("document.querySelectorAll('#tokens .tok').length >= 10", timeout=60_000)
+    page.wait_for_function("document.querySelectorAll('#tokens .tok').length >= 10", timeout=RUN_ENDS_MS)
     page.locator("#stop").click(force=True)
     page.wait_for_timeout(1000)
     count = page.locator("#tokens .tok").count()
@@ -127,7 +133,7 @@ def test_markup_in_the_prompt_and_in_model_ids_stays_text(browser, app):
     # Prompt lookup copies the prompt, so the hostile markup comes back as tokens.
     page.fill("#prompt textarea", f"Repeat this exactly, then stop: {HOSTILE}")
     page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
     tokens = page.locator("#tokens")
     assert tokens.locator("img, script, b").count() == 0  # nothing the model wrote became an element
     assert "<" in tokens.inner_text() or "img" in tokens.inner_text()  # the markup is shown as text
@@ -136,7 +142,7 @@ def test_markup_in_the_prompt_and_in_model_ids_stays_text(browser, app):
     page.locator("#custom-target textarea, #custom-target input").first.fill(HOSTILE)
     page.click("#run")
     toast = page.get_by_text("looks like a file path")
-    toast.wait_for(timeout=30_000)
+    toast.wait_for()
     assert "<img src=x onerror=alert(1)>" in toast.inner_text()  # shown literally, not as an element
     assert page.locator("[class*=toast] img").count() == 0
     page.wait_for_timeout(500)
@@ -151,11 +157,11 @@ def test_switching_the_pair_mid_run_leaves_the_run_alone(browser, app):
     run_first_example(page)  # a first, complete run: the one to compare with
     first_tokens = page.locator("#tokens .tok").count()
     page.click("#run")  # the second run replaces the summary as soon as its first tokens arrive
-    page.wait_for_function("!document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=60_000)
+    page.wait_for_function("!document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
     page.click("#pair input")
     page.locator("li.item", has_text="drafting for itself").click()  # mid-run
-    page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')", timeout=5_000)
-    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')")
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
     # The run finished with the settings it started with: prompt lookup, the same greedy tokens as before.
     assert page.locator("#tokens .tok").count() == first_tokens
     assert "identical" in page.text_content("#summary")
@@ -167,14 +173,14 @@ def run_with_pair(page, pair_label: str, note: str, prompt: str, **numbers: int)
     num_draft_tokens=...), run `prompt` to its summary; the tokens' tooltips."""
     page.click("#pair input")
     page.locator("li.item", has_text=pair_label).click()
-    page.wait_for_function(f"document.querySelector('#pair-note')?.innerText.includes('{note}')", timeout=5_000)
+    page.wait_for_function(f"document.querySelector('#pair-note')?.innerText.includes('{note}')")
     for name, value in numbers.items():
         field = page.locator(f"#{name.replace('_', '-')} input[type=number]")
         field.fill(str(value))
         field.press("Enter")
     page.fill("#prompt textarea", prompt)
     page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=120_000)
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
     return page.eval_on_selector_all("#tokens .tok", "spans => spans.map(s => s.title)")
 
 
@@ -203,9 +209,9 @@ def test_the_batch_view_streams_four_lanes(browser, app):
     page.click("#batch-example")
     page.wait_for_function("document.querySelector('#batch-prompts textarea').value.split('\\n').length === 4")
     page.click("#batch-run")
-    page.wait_for_function("document.querySelectorAll('#batch-lanes .lane .tok').length > 0", timeout=60_000)
+    page.wait_for_function("document.querySelectorAll('#batch-lanes .lane .tok').length > 0", timeout=RUN_ENDS_MS)
     page.wait_for_function(
-        "document.querySelector('#batch-summary')?.innerText.includes('tokens/s in all')", timeout=120_000
+        "document.querySelector('#batch-summary')?.innerText.includes('tokens/s in all')", timeout=RUN_ENDS_MS
     )
     assert page.locator("#batch-lanes .lane").count() == 4
     for lane in range(4):  # every lane has tokens and its acceptance
@@ -220,7 +226,9 @@ def test_the_audit_passes_for_the_sampler_and_fails_for_a_planted_bug(browser, a
     page = open_page(browser, app)
     page.get_by_role("tab", name="Audit: is it lossless?").click()
     page.click("#audit-run")
-    page.wait_for_function("document.querySelector('#audit-verdict')?.innerText.startsWith('Lossless')", timeout=60_000)
+    page.wait_for_function(
+        "document.querySelector('#audit-verdict')?.innerText.startsWith('Lossless')", timeout=RUN_ENDS_MS
+    )
     page.wait_for_selector("#audit-chart .js-plotly-plot .main-svg")
     page.wait_for_selector("#audit-tv-chart .js-plotly-plot .main-svg")
     screenshot_light_and_dark(page, "audit-pass")
@@ -228,7 +236,7 @@ def test_the_audit_passes_for_the_sampler_and_fails_for_a_planted_bug(browser, a
     page.get_by_role("option", name="always accept", exact=False).click()
     page.click("#audit-run")
     page.wait_for_function(
-        "document.querySelector('#audit-verdict')?.innerText.startsWith('Not lossless')", timeout=60_000
+        "document.querySelector('#audit-verdict')?.innerText.startsWith('Not lossless')", timeout=RUN_ENDS_MS
     )
     assert "Planted bug, always accept" in page.inner_text("#audit-verdict")
     screenshot_light_and_dark(page, "audit-fail")
@@ -262,7 +270,7 @@ def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app)
             page.click("#next-round")
         page.wait_for_function(
             f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {step} of {step} so far')",
-            timeout=60_000,
+            timeout=RUN_ENDS_MS,
         )
         sentences.append(page.inner_text("#round-sentence"))
     assert all(re.search(r"so far \(Next round decodes the next\)\. (The draft|Nothing)", s) for s in sentences)
@@ -270,7 +278,9 @@ def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app)
     kept = "els => els.filter(e => !e.classList.contains('tok-rejected')).map(e => e.textContent).join('')"
     stepped = page.eval_on_selector_all("#step-tokens .tok", kept)
     page.click("#run")  # the same run, whole: the same tokens, and the step view shows its round 1
-    page.wait_for_function("document.querySelector('#headline')?.innerText.includes('not measured')", timeout=120_000)
+    page.wait_for_function(
+        "document.querySelector('#headline')?.innerText.includes('not measured')", timeout=RUN_ENDS_MS
+    )
     page.wait_for_function("/^Round 1 of \\d+\\. /.test(document.querySelector('#round-sentence')?.innerText)")
     assert stepped and page.eval_on_selector_all("#tokens .tok", kept).startswith(stepped), stepped
     total = re.match(r"Round 1 of (\d+)", page.inner_text("#round-sentence")).group(1)
@@ -284,7 +294,7 @@ def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app)
     page.click("#next-round")
     page.wait_for_function(f"document.querySelector('#round-sentence')?.innerText.startsWith('Round {total} of')")
     page.locator("#step-tokens .tok-rejected[data-r]").first.click()
-    page.wait_for_selector("#inspector .js-plotly-plot .main-svg", timeout=30_000)
+    page.wait_for_selector("#inspector .js-plotly-plot .main-svg")
     page.wait_for_function("document.querySelector('#inspector-note')?.innerText.includes('rejected')")
     legend = page.inner_text("#inspector")
     assert "target p" in legend and "draft q" in legend and "residual" in legend and "u = " in legend
@@ -333,7 +343,7 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     page.goto(f"{app}?{query}&max_new_tokens=12&compare=false&run=1", wait_until="domcontentloaded")
     page.wait_for_function("document.querySelector('#link-note')?.innerText.includes('re-running it')")
     done = "document.querySelector('#headline')?.innerText.includes('not measured')"
-    page.wait_for_function(done, timeout=300_000)  # a run and its comparison: seconds idle, minutes on a busy machine
+    page.wait_for_function(done, timeout=RUN_ENDS_MS)
     first = page.eval_on_selector_all("#tokens .tok", tokens)
     alpha = page.text_content("#summary").split("α = ")[1][:60]
     page.click("#copy-link")
@@ -342,8 +352,9 @@ def test_a_shared_link_reproduces_the_run_and_a_bad_one_says_what_it_left_out(br
     assert "max_new_tokens=12" in link and "pair=smollm2-135m-self" in link and "compare=false" in link
     assert "draft_temperature=1.2" in link, link
     again = browser.new_page(viewport={"width": 1400, "height": 1300})
+    again.set_default_timeout(REACTS_MS)
     again.goto(link, wait_until="domcontentloaded")
-    again.wait_for_function(done, timeout=120_000)
+    again.wait_for_function(done, timeout=RUN_ENDS_MS)
     assert again.eval_on_selector_all("#tokens .tok", tokens) == first
     assert again.text_content("#summary").split("α = ")[1][:60] == alpha
     again.goto(f"{app}?temperature=hot&colour=red&view=present", wait_until="domcontentloaded")
@@ -374,11 +385,11 @@ def run_lesson(page, key: str) -> None:
     if key == "broken-sampler":  # the lesson shows the Audit tab, whose verdict is empty before its first audit
         verdict = "(document.querySelector('#audit-verdict')?.innerText ?? '')"
         ended = f"{verdict}.startsWith('Lossless') || {verdict}.startsWith('Not lossless')"
-        page.wait_for_function(ended, timeout=60_000)
+        page.wait_for_function(ended, timeout=RUN_ENDS_MS)
         return
     done = """() => { const cells = [...document.querySelectorAll('#headline .big')];
         return cells.length === 3 && !cells.some(c => c.dataset.old) && cells[0].textContent !== '…'; }"""
-    page.wait_for_function(done, timeout=300_000)  # a run and its comparison: seconds idle, minutes on a busy machine
+    page.wait_for_function(done, timeout=RUN_ENDS_MS)
 
 
 def test_every_lesson_loads_its_settings_and_runs(browser, app):

@@ -97,9 +97,9 @@ def client_runs(app: str, steps: list[tuple]) -> list[dict]:
 def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, offline_model):
     """8 clients x 2 runs (mixed greedy and sampled, own seeds) in the default number format, first one at a time,
     then all at once: the runs share passes, the load at once takes no longer than one at a time, first tokens come
-    within half a run alone (p50) and one run alone (p95), every greedy run equals its run of the first half (alone),
-    token for token where the default is bfloat16 (batch-invariant passes) and else or at a near-tie, and resident
-    memory after the load stays within 10% of that after the first run."""
+    early in the runs (p50 within half the median run, p95 within 0.7), every greedy run equals its run of the first
+    half (alone), token for token where the default is bfloat16 (batch-invariant passes) and else or at a near-tie,
+    and resident memory after the load stays within 10% of that after the first run."""
     plan = [
         (PROMPTS[(c + r) % 2], VARIANTS[(c + r) % 4], 100 * c + r)
         for c in range(NUM_CLIENTS)
@@ -160,12 +160,14 @@ def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, o
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "load.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures))
-    # A client of a crowded server sees its first token well before one run alone would have ended: measured against
-    # the same machine's run alone in this test, so another job on the machine slows both sides (idle here: p95 2.2 s
-    # of a 6.5 s run; with both cores busy 8.8 s of a 14 s run, over the 8 s this bound once was).
-    one_run = sequential_wall / len(one_at_a_time)
-    assert figures["time_to_first_token_p50"] <= 0.5 * one_run, figures
-    assert figures["time_to_first_token_p95"] <= one_run, figures
+    # A client of a crowded server sees its first token early in its run, not when the runs before it have ended: the
+    # median within half the median run, the 95th percentile within 0.7 of it, all from the load at once, so a slower
+    # machine or another job on it slows both sides. Seen (p50 first / p50 run, p95 first / p50 run): idle 0.22 and
+    # 0.27, 0.28 and 0.31; fresh clones with both cores busy 0.16 and 0.21, 0.18 and 0.44; a fast bfloat16 CI machine
+    # 0.26 and 0.32. A planted scheduler that admitted runs only into an empty batch gave 0.46 and 0.98 (busy), 0.51
+    # and 0.93 (idle). Bounds against the run alone broke on one machine or another (a fixed 8 s; half a run alone).
+    assert figures["time_to_first_token_p50"] <= 0.5 * figures["total_p50"], figures
+    assert figures["time_to_first_token_p95"] <= 0.7 * figures["total_p50"], figures
     # The issue asks for 0.5; on this 2-core float32 CPU the measured ratio is 0.44-0.54 with drafts cut for shared
     # passes, 0.66-0.89 before (README, "Many users, bad input, failures"): the bound leaves room for a slower machine.
     assert wall <= SHARED_WALL_BOUND * sequential_wall, figures
