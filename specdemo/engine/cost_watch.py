@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import weakref
+from collections import deque
 
 from transformers import PreTrainedModel
 
@@ -22,7 +23,7 @@ class CostWatch:
     """One model's rounds against its plans."""
 
     def __init__(self) -> None:
-        self.ratios: list[float] = []
+        self.ratios: deque[float] = deque(maxlen=WINDOW)
         self.declined = 0
         self.rounds = 0  # observed since the last measurement
         self.patience = 1  # how many times longer than WINDOW and DECLINED the checks wait
@@ -30,7 +31,7 @@ class CostWatch:
 
     def observe(self, plan: Plan, seconds: float) -> None:
         """A one-row round planned with `plan` took `seconds` (its pass, the rule and the bookkeeping)."""
-        self.ratios = [*self.ratios, seconds / max(plan.expected_steps * plan.step_seconds, 1e-9)][-WINDOW:]
+        self.ratios.append(seconds / max(plan.expected_steps * plan.step_seconds, 1e-9))
         offered = plan.num_tokens == 0 and plan.available_tokens > 0
         self.declined = self.declined + 1 if offered else 0
         self.rounds += 1
@@ -42,7 +43,8 @@ class CostWatch:
     def measured_again(self) -> None:
         """The costs were measured (again): the checks start afresh, and wait longer if they asked for it."""
         self.patience *= BACKOFF if self.stale else 1
-        self.ratios, self.declined, self.rounds, self.stale = [], 0, 0, False
+        self.ratios.clear()
+        self.declined, self.rounds, self.stale = 0, 0, False
 
 
 _WATCHES: weakref.WeakKeyDictionary[PreTrainedModel, CostWatch] = weakref.WeakKeyDictionary()
