@@ -6,6 +6,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install chromium demo test test-fast test-gpu lint bench
 
+# The tests' OpenMP workers sleep while they wait rather than spin: beside another process that keeps both cores busy,
+# spinning workers wait on descheduled ones and a decoding step took 4 to 50 times as long (docs/testing.md).
+TEST_ENV := GRADIO_ANALYTICS_ENABLED=False OMP_WAIT_POLICY=PASSIVE
+
 $(STAMP): requirements.txt requirements-local.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -31,11 +35,11 @@ lint: install
 	$(PY) -m ruff format --check .
 
 test: lint chromium
-	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest
+	$(TEST_ENV) $(PY) -m pytest
 
 # The core, the drafters, the engine and the KV cache on tiny random models: no real model, no app, under a minute.
 test-fast: install
-	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest -m "not slow" tests/core tests/drafters tests/engine tests/models
+	$(TEST_ENV) $(PY) -m pytest -m "not slow" tests/core tests/drafters tests/engine tests/models
 
 # The GPU checks (tests/test_gpu.py); without CUDA they skip, and -rs prints why. On a bare GPU machine (no network,
 # no Gradio) run them with its own Python, no install: python3 -m pytest -m gpu tests/test_gpu.py
