@@ -6,9 +6,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install chromium demo test test-fast test-gpu lint bench
 
-# The tests' OpenMP workers sleep while they wait rather than spin: beside another process that keeps both cores busy,
-# spinning workers wait on descheduled ones and a decoding step took 4 to 50 times as long (docs/testing.md).
-TEST_ENV := GRADIO_ANALYTICS_ENABLED=False OMP_WAIT_POLICY=PASSIVE
+# The tests' OpenMP workers spin at most 2,000 times while they wait, not libgomp's 300,000: beside another process
+# that keeps both cores busy, spinning workers wait on descheduled ones and a test file took 12 times as long
+# (docs/testing.md, on a busy machine).
+TEST_ENV := GRADIO_ANALYTICS_ENABLED=False GOMP_SPINCOUNT=2000
 
 $(STAMP): requirements.txt requirements-local.txt
 	python3 -m venv $(VENV)
