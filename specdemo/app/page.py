@@ -10,6 +10,7 @@ from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair, pair_draft_te
 from specdemo.app.lessons import LessonRow
 from specdemo.app.render import LEGEND_HTML
 from specdemo.app.runs import QUEUE_SIZE, RUN_CONCURRENCY, Server
+from specdemo.app.serving import end_session
 from specdemo.app.share import form_from_query, runs_on_open
 from specdemo.engine.resources import bound_allocator_arenas
 from specdemo.models.shared import ModelCache
@@ -102,6 +103,7 @@ def build_demo(
             api_visibility="private",
         )
         opened.then(None, js=RUN_ON_OPEN_JS, api_visibility="private")
+        demo.unload(end_session)  # a closed tab stops its runs at once (serving.py)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)  # explicit: ZeroGPU would default to 1
     calm_queue_polling(demo)
     demo.specdemo_server = server  # what the tests reach: the server's limits

@@ -6,7 +6,12 @@ Why async: Gradio cancels a generator by closing it, and a plain generator canno
 worker thread ("generator already executing"); Gradio retries every 50 ms and succeeds only between two steps. A step
 mostly waits for rounds, so under load a cancelled run went on for seconds (the audit test counted 1,536 rounds 2.5 s
 after a cancel). An async generator is cancelled at its await, at once; its `finally` sets the step's stop event, and
-the waits inside the step end within STOP_POLL_SECONDS."""
+the waits inside the step end within STOP_POLL_SECONDS.
+
+A closed tab does not cancel: Gradio marks the run's event dead and closes the generator only after its next update,
+under a lock every event's end shares, so a run could go on while nobody watched. The page's session ends when its
+heartbeat connection closes, and Gradio then calls the page's unload handler: `end_session` sets the stop event of
+every run the session has going, whatever state the event is in."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import gradio as gr
 from gradio.utils import get_upload_folder
 
 from specdemo.engine.scheduler import STOP_POLL_SECONDS
@@ -27,23 +33,46 @@ MAX_DOWNLOADS = 32  # trace and audit files kept; the oldest goes when another i
 DOWNLOADS_FOLDER = "specdemo-downloads"  # inside Gradio's cache, so Gradio serves the files without copying them
 
 _DONE = object()
+_REQUEST = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+
+_running: dict[str, set[threading.Event]] = {}  # session hash -> the stop events of the session's runs
+_running_lock = threading.Lock()
+
+
+def end_session(request: gr.Request) -> None:
+    """Stop every run of the session that `request` belongs to (the page's unload handler: the tab was closed)."""
+    with _running_lock:
+        events = _running.pop(request.session_hash or "", set())
+    for event in events:
+        event.set()
 
 
 def stoppable(
     steps: Callable[..., Iterator[tuple]], signature: inspect.Signature, name: str, doc: str | None
 ) -> Callable[..., AsyncIterator[tuple]]:
     """An async generator handler with `signature` (what the API page lists) around `steps(*values, stop=event)`,
-    a plain generator run step by step in a worker thread; cancelling the handler sets `event`."""
+    a plain generator run step by step in a worker thread; cancelling the handler, or `end_session` for its page's
+    session, sets `event`."""
 
-    async def handler(*values: object) -> AsyncIterator[tuple]:
+    async def handler(request: gr.Request | None, *values: object) -> AsyncIterator[tuple]:
         stop = threading.Event()
+        session = getattr(request, "session_hash", None) or ""
+        with _running_lock:
+            _running.setdefault(session, set()).add(stop)
         iterator = steps(*values, stop=stop)
         try:
             while (update := await asyncio.to_thread(next, iterator, _DONE)) is not _DONE:
                 yield update
         finally:
             stop.set()  # a step still running sees it and returns; the iterator is left to the collector
+            with _running_lock:
+                runs = _running.get(session, set())
+                runs.discard(stop)
+                if not runs:
+                    _running.pop(session, None)
 
+    # Gradio passes the request to the parameter annotated gr.Request and lists only the others on the API page.
+    signature = signature.replace(parameters=[_REQUEST, *signature.parameters.values()])
     handler.__signature__ = signature  # type: ignore[attr-defined]
     handler.__annotations__ = {name: p.annotation for name, p in signature.parameters.items() if p.annotation}
     handler.__name__ = handler.__qualname__ = name

@@ -113,7 +113,16 @@ def test_stop_halts_the_stream(browser, app):
     page.close()
 
 
-def test_closing_the_tab_ends_the_run_within_a_second(browser, app, monkeypatch):
+@pytest.mark.parametrize("gradio_closes_the_handler", [True, False], ids=["as-gradio-runs", "by-the-unload-alone"])
+def test_closing_the_tab_ends_the_run_within_a_second(browser, app, monkeypatch, gradio_closes_the_handler):
+    """Gradio closes a dead event's handler after its next update; the page's unload stops the run without that."""
+    if not gradio_closes_the_handler:
+        from gradio.queueing import Queue
+
+        async def leave_it(queue, event_id):
+            pass
+
+        monkeypatch.setattr(Queue, "reset_iterators", leave_it)
     counter = count_rounds(monkeypatch)
     page = open_page(browser, app)
     page.fill("#prompt textarea", "Write a long story about a dragon who learns to bake bread.")
