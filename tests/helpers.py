@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
+from torch.overrides import TorchFunctionMode
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
@@ -259,3 +260,25 @@ def train_tiny_head(
     settings = FitSettings(steps=400, batch_size=64, depth=3, vocabulary_size=vocabulary_size, held_out_texts=8)
     summary = train_drafter(loaded, data, settings, directory / "cache", output, None, print)
     return load_head(target, output), summary
+
+
+HOST_WAITS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy"}
+
+
+class HostWaits(TorchFunctionMode):
+    """Counts the torch calls in its block that make the host wait for the device on a GPU (a value read back, or an
+    output whose shape depends on values: nonzero, indexing by a mask), by name; a CUDA graph can capture none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        masked = name == "__getitem__" and any(
+            isinstance(index, torch.Tensor) and index.dtype == torch.bool
+            for index in (args[1] if isinstance(args[1], tuple) else (args[1],))
+        )
+        if name in HOST_WAITS or masked:
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))

@@ -256,6 +256,24 @@ class FixedShapeModel(CachedModel):
         real: torch.Tensor,  # [r, m] bool: False for padding
         logits_to_keep: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [r, logits_to_keep, V], [r, logits_to_keep, H] or None
+        started = time.perf_counter()
+        outputs = self.run_pass(pool, first, tokens, positions, write_slots, real, logits_to_keep)
+        synchronize(self.device)
+        self.forward_seconds += time.perf_counter() - started
+        return outputs
+
+    def run_pass(
+        self,
+        pool: _Pool,
+        first: int,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write_slots: torch.Tensor,
+        real: torch.Tensor,
+        logits_to_keep: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """_forward's work, with no host clock and no wait: device work alone, which a CUDA graph can capture
+        (benchmarks/cuda_graphs.py)."""
         slots = torch.arange(pool.slots, device=self.device)  # [L]
         behind = positions[..., None] - slots  # [r, m, L]
         masks = {}
@@ -264,7 +282,6 @@ class FixedShapeModel(CachedModel):
             visible = (behind >= 0) & (behind < window) if window is not None else behind >= 0
             masks[kind] = torch.where(real[..., None], visible, slots == 0)[:, None]  # [r, 1, m, L]
         cache = _PassCache(pool, first, tokens.shape[0], write_slots)
-        started = time.perf_counter()
         output = self.model(
             input_ids=tokens,
             position_ids=positions,
@@ -275,8 +292,6 @@ class FixedShapeModel(CachedModel):
             tree_pass=True,
             output_hidden_states=self.keep_hidden_states,
         )
-        synchronize(self.device)
-        self.forward_seconds += time.perf_counter() - started
         hidden = output.hidden_states[-1][:, -logits_to_keep:] if self.keep_hidden_states else None
         return output.logits, hidden
 

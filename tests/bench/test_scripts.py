@@ -54,11 +54,12 @@ def run_script(name: str, argv: list[str]) -> object:
         ("recurrent", ["--max-new-tokens", "6", "--seeds", "1"]),
         ("recurrent", ["--max-new-tokens", "6", "--seeds", "0", "--head", "HEAD", "--runs", "head W=1", "hybrid"]),
         ("spin_count", ["--rounds", "1", "--steps", "2", "--prompt-tokens", "8", "--settings", "default", "2000"]),
+        ("cuda_graphs", ["--steps", "3", "--repeats", "1", "--prompt-tokens", "8", "--compile-check"]),
     ],
 )
 def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
     model, prompts = tiny
-    prompt_flags = [] if name in ("phases", "head_cost", "spin_count") else ["--prompts", str(prompts)]
+    prompt_flags = [] if name in ("phases", "head_cost", "spin_count", "cuda_graphs") else ["--prompts", str(prompts)]
     options = [str(head_path(str(model))) if option == "HEAD" else option for option in options]
     assert run_script(name, ["--model", str(model), "--dtype", "float32", *prompt_flags, *options])
     assert capsys.readouterr().out.strip()

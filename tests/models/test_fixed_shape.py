@@ -18,7 +18,7 @@ from specdemo.models.fixed_shape import PASS_COLUMNS, PASS_ROWS, FixedShapeModel
 from specdemo.models.layout import RowRequest
 from specdemo.models.tree_cache import TreeCachedModel
 from tests.engine.test_batch import PROMPTS, SETTINGS
-from tests.helpers import TINY_VOCAB, tiny_drafter, tiny_model
+from tests.helpers import TINY_VOCAB, HostWaits, tiny_drafter, tiny_model
 from tests.models.test_tree_cache import tiny_gemma
 
 EOS = frozenset([1])
@@ -176,3 +176,28 @@ def test_greedy_speculative_text_is_target_only_text_with_fixed_shapes_in_float3
             speculative_generate(target, tiny_drafter(kind, draft, None), prompt, SamplingConfig(), spec, EOS)
         )
         assert [token for round_ in rounds for token in round_.emitted_token_ids] == expected, kind
+
+
+def test_a_pass_makes_the_host_wait_nowhere_so_a_cuda_graph_can_capture_it(tiny_target):
+    """The CPU's proxies for a pass that a CUDA graph can capture (issue 37): run_pass reads no value back to the host
+    (HostWaits counts none), and torch.compile(fullgraph=True) traces it whole, so no branch on a tensor's value hides
+    in it; the traced pass gives the eager pass's logits."""
+    passes = FixedShapeModel(tiny_target)
+    prompt = PROMPTS[0]
+    with torch.inference_mode():
+        passes.logits({"row": RowRequest(prompt, [], "all", capacity=len(prompt) + 8)})
+        pool = passes.rows["row"].pool
+        ids = torch.zeros(PASS_ROWS, PASS_COLUMNS, dtype=torch.long)
+        real = torch.zeros(PASS_ROWS, PASS_COLUMNS, dtype=torch.bool)
+        positions = torch.zeros(PASS_ROWS, PASS_COLUMNS, dtype=torch.long)
+        ids[0, :3], real[0, :3], positions[0, :3] = (
+            torch.tensor([prompt[-1], 5, 6]),
+            True,
+            torch.arange(3) + len(prompt) - 1,
+        )
+        given = (pool, 0, ids, positions, torch.where(real, positions, pool.slots - 1), real, PASS_COLUMNS)
+        with HostWaits() as waits:
+            eager = passes.run_pass(*given)[0]
+        assert waits.calls == []
+        traced = torch.compile(passes.run_pass, fullgraph=True, backend="eager")(*given)[0]
+        assert torch.equal(traced, eager)
