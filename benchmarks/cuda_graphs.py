@@ -88,9 +88,9 @@ def measure(model: PreTrainedModel, prompt: list[int], steps: int, repeats: int,
             rows.append(logits.clone())
         return tokens, rows, 1e3 * (time.perf_counter() - started) / steps
 
-    result: dict = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-                        dtype=str(model.dtype), torch=torch.__version__, prompt_tokens=len(prompt), steps=steps,
-                        pass_shape=[PASS_ROWS, PASS_COLUMNS], slots=pool.slots)  # fmt: skip
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    result: dict = dict(device=name, dtype=str(model.dtype), torch=torch.__version__, prompt_tokens=len(prompt),
+                        steps=steps, pass_shape=[PASS_ROWS, PASS_COLUMNS], slots=pool.slots)  # fmt: skip
     if compile_check:
         traced = torch.compile(step, fullgraph=True, backend="eager")
         result["compiles_whole"] = bool(torch.equal(traced(*inputs(prompt[-1], len(prompt) - 1)),

@@ -166,6 +166,25 @@ def test_the_target_and_its_passes_are_on_the_device(subject):
     record("setup", target=subject.name, device=describe_device(), torch=torch.__version__)
 
 
+def test_passes_replay_cuda_graphs_and_give_the_eager_text(subject, monkeypatch):
+    """On CUDA every decoding pass is replayed from a CUDA graph (models/fixed_shape.py); the text is the text of eager
+    passes, and the captures' time is recorded. The dry run asks for graphs too: its failed capture decodes eagerly."""
+    prompt = torch.tensor([subject.prompts[1]], device=DEVICE)
+    spec = SpeculativeConfig(num_draft_tokens=8, max_new_tokens=NEW_TOKENS)
+    texts, captured = {}, {}
+    for graphs in ("0", "1"):
+        monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs)
+        decoder = BatchDecoder(subject.model, NgramDrafter(), subject.eos)
+        decoder.add(0, prompt[0].tolist(), GREEDY, spec)
+        rounds = []
+        while decoder.rows:
+            rounds += [round_ for _, round_ in decoder.step()]
+        texts[graphs], captured[graphs] = emitted_ids(rounds), decoder.verifier.capture_seconds
+    assert texts["1"] == texts["0"]
+    assert (captured["1"] > 0) == ON_CUDA and decoder.verifier.graphs == ON_CUDA
+    record("setup", graphs=f"replayed, {captured['1']:.2f} s to capture" if ON_CUDA else "eager (no CUDA)")
+
+
 def describe_device() -> str:
     return torch.cuda.get_device_name(DEVICE) if ON_CUDA else f"CPU dry run ({platform.processor() or 'cpu'})"
 

@@ -10,6 +10,11 @@ query always sees slots 0..t, and every product it takes part in has the same sh
 their own, whose shape depends on the prompt alone. So greedy speculative text equals target-only text, and a row's
 text is the same in any batch, bit for bit (docs/how-it-works.md; tests/models/test_fixed_shape.py).
 
+On CUDA each group's pass is captured once as a CUDA graph, at its first use, and replayed: an eager pass launches
+hundreds of small kernels, and the host's launching, not the GPU, set its pace (benchmarks/cuda_graphs.py: 33.9 against
+4.6 ms a token on an H100). A replay runs the kernels its capture recorded, so its logits are the eager pass's bit for
+bit. A capture that fails leaves the model eager, with one line in the log.
+
 On a CPU, a one-token round padded to PASS_ROWS x PASS_COLUMNS tokens costs about eleven one-token rounds
 (benchmarks/README.md), and the CPU's kernels already keep a row's sums in order (models/attention.py): the CPU keeps
 tree_cache.py."""
@@ -19,6 +24,7 @@ tree_cache.py."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Hashable
@@ -35,6 +41,10 @@ PASS_ROWS = 8  # R: chains per pass; a batch of up to 8 one-candidate rows (the 
 PASS_COLUMNS = MAX_NUM_DRAFT_TOKENS + 1  # n: a chain is the sequence's last token and up to K drafted ones
 MIN_SLOTS = 256  # L: a row's slots are a power of two, at least this, above the most tokens it will hold
 PASS_SHAPE_VARIABLE = "SPECDEMO_PASS_SHAPE"  # "fixed" or "tree" overrides the device's default (fixed on a GPU)
+GRAPHS_VARIABLE = "SPECDEMO_CUDA_GRAPHS"  # "0" decodes eagerly on CUDA too; "1" tries graphs on any device (a test)
+WARMUP_PASSES = 3  # eager passes on a side stream before a capture, as CUDA graphs need
+
+log = logging.getLogger(__name__)
 
 
 def uses_fixed_shape(device: torch.device) -> bool:
@@ -43,6 +53,12 @@ def uses_fixed_shape(device: torch.device) -> bool:
     if forced in ("fixed", "tree"):
         return forced == "fixed"
     return device.type != "cpu"
+
+
+def uses_graphs(device: torch.device) -> bool:
+    """CUDA graphs on CUDA, unless SPECDEMO_CUDA_GRAPHS says otherwise."""
+    forced = os.environ.get(GRAPHS_VARIABLE, "").strip()
+    return forced == "1" if forced in ("0", "1") else device.type == "cuda"
 
 
 def slot_bucket(num_tokens: int) -> int:
@@ -68,6 +84,7 @@ class _Pool:
         self.values: list[torch.Tensor] = []
         self.size = 0  # rows, a multiple of PASS_ROWS
         self.free: list[int] = []
+        self.graphs: dict[int, _Graph] = {}  # by group: its pass, captured over these tables
 
     def take(self) -> int:
         if not self.free:
@@ -75,6 +92,7 @@ class _Pool:
             self.size += PASS_ROWS
             self.keys = [_grown(table, self.size) for table in self.keys]
             self.values = [_grown(table, self.size) for table in self.values]
+            self.graphs.clear()  # captured over the old tables
         return self.free.pop(0)
 
     def give_back(self, index: int) -> None:
@@ -122,6 +140,29 @@ class _PassCache:
         return pool.keys[layer_idx][rows], pool.values[layer_idx][rows]
 
 
+class _Graph:
+    """One group's pass captured as a CUDA graph: its inputs are copied into `inputs` and the graph replayed, which
+    leaves the pass's logits (and hidden states) in `outputs`, overwritten by the next replay."""
+
+    def __init__(self, run_pass: object, inputs: list[torch.Tensor]) -> None:
+        self.inputs = [tensor.clone() for tensor in inputs]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_PASSES):  # the same writes the pass makes anyway
+                run_pass(*self.inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):  # other threads' models go on
+            self.outputs = run_pass(*self.inputs)
+
+    def replay(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        for target, source in zip(self.inputs, inputs, strict=True):
+            target.copy_(source)
+        self.graph.replay()
+        return self.outputs
+
+
 @dataclass
 class _Row:
     """A row of the batch: its candidates' chain rows, all in the pool of its slot bucket."""
@@ -149,6 +190,8 @@ class FixedShapeModel(CachedModel):
         self.rows: dict[Hashable, _Row] = {}
         self.pools: dict[int, _Pool] = {}  # by L
         self.leaving: set[Hashable] = set()
+        self.graphs = uses_graphs(self.device)  # False once a capture failed
+        self.capture_seconds = 0.0  # spent capturing graphs, in all
 
     def drop(self, key: Hashable) -> None:
         """The row leaves before the next pass; its chain rows go back to its pool."""
@@ -239,12 +282,38 @@ class FixedShapeModel(CachedModel):
         real = ids != HOLE  # [R, n]
         where = torch.tensor(positions, device=self.device)  # [R, n]
         slots = torch.where(real, where, pool.slots - 1)  # padding writes the scratch slot
-        logits, hidden = self._forward(pool, group * PASS_ROWS, ids.clamp(min=0), where, slots, real, PASS_COLUMNS)
+        logits, hidden = self._group_pass(pool, group, [ids.clamp(min=0), where, slots, real])
         found = []
         for f in chains:
             local, count = f.chain.index - group * PASS_ROWS, len(f.tokens)
             found.append((logits[local, :count], None if hidden is None else hidden[local, :count]))
         return found
+
+    def _group_pass(
+        self, pool: _Pool, group: int, inputs: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [R, n, V], [R, n, H] or None
+        """A group's pass: replayed from its graph (captured now if it has none), or eager."""
+        first = group * PASS_ROWS
+        if not self.graphs:
+            return self._forward(pool, first, *inputs, PASS_COLUMNS)
+        graph = pool.graphs.get(group)
+        if graph is None:
+            started = time.perf_counter()
+            try:
+                graph = pool.graphs[group] = _Graph(
+                    lambda *given: self.run_pass(pool, first, *given, PASS_COLUMNS), inputs
+                )
+            except (RuntimeError, AssertionError) as error:  # no CUDA, or a kernel that cannot be captured
+                log.warning("specdemo: decoding without CUDA graphs: the capture failed (%s)", error)
+                self.graphs = False
+                return self._forward(pool, first, *inputs, PASS_COLUMNS)
+            synchronize(self.device)
+            self.capture_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        outputs = graph.replay(inputs)
+        synchronize(self.device)
+        self.forward_seconds += time.perf_counter() - started
+        return outputs
 
     def _forward(
         self,

@@ -201,3 +201,24 @@ def test_a_pass_makes_the_host_wait_nowhere_so_a_cuda_graph_can_capture_it(tiny_
         assert waits.calls == []
         traced = torch.compile(passes.run_pass, fullgraph=True, backend="eager")(*given)[0]
         assert torch.equal(traced, eager)
+
+
+def test_a_failed_graph_capture_decodes_eagerly_with_one_line_in_the_log(monkeypatch, caplog):
+    """Graphs asked for where none can be captured (the CPU): the passes run eagerly, the text is the eager text,
+    and the log says so once."""
+    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    target = tiny_model(1)
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=12)
+    prompt = torch.tensor([PROMPTS[1]])
+
+    def text(graphs: str) -> list[int]:
+        monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs)
+        rounds = speculative_generate(target, tiny_drafter("ngram", None, None), prompt, SamplingConfig(), spec, EOS)
+        return [token for round_ in rounds for token in round_.emitted_token_ids]
+
+    eager = text("0")
+    with caplog.at_level("WARNING", logger=fixed_shape.__name__):
+        assert text("1") == eager
+    assert [record.getMessage()[:51] for record in caplog.records] == [
+        "specdemo: decoding without CUDA graphs: the capture"
+    ]
