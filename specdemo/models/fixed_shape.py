@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -144,7 +144,9 @@ class _Graph:
     """One group's pass captured as a CUDA graph: its inputs are copied into `inputs` and the graph replayed, which
     leaves the pass's logits (and hidden states) in `outputs`, overwritten by the next replay."""
 
-    def __init__(self, run_pass: object, inputs: list[torch.Tensor]) -> None:
+    def __init__(
+        self, run_pass: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], inputs: list[torch.Tensor]
+    ) -> None:
         self.inputs = [tensor.clone() for tensor in inputs]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
