@@ -59,8 +59,8 @@ def stoppable(
         session = getattr(request, "session_hash", None) or ""
         with _running_lock:
             _running.setdefault(session, set()).add(stop)
-        iterator = steps(*values, stop=stop)
         try:
+            iterator = steps(*values, stop=stop)
             while (update := await asyncio.to_thread(next, iterator, _DONE)) is not _DONE:
                 yield update
         finally:
