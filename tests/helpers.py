@@ -267,7 +267,8 @@ HOST_WAITS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__",
 
 class HostWaits(TorchFunctionMode):
     """Counts the torch calls in its block that make the host wait for the device on a GPU (a value read back, or an
-    output whose shape depends on values: nonzero, indexing by a mask), by name; a CUDA graph can capture none."""
+    output whose shape depends on values: nonzero, reading or writing through a mask), by name; a CUDA graph can
+    capture none."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -275,7 +276,7 @@ class HostWaits(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        masked = name == "__getitem__" and any(
+        masked = name in ("__getitem__", "__setitem__") and any(
             isinstance(index, torch.Tensor) and index.dtype == torch.bool
             for index in (args[1] if isinstance(args[1], tuple) else (args[1],))
         )

@@ -25,6 +25,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from benchmarks.cuda_graphs import SMOLLM2_135M  # random weights of its shape: near-ties and cost as the real one
 from specdemo.audit import model_audit, toy_audit
 from specdemo.bench.prompts import PROMPTS
 from specdemo.bench.single import HF_GENERATE, SPECULATIVE, TARGET_ONLY, bench_methods
@@ -48,17 +49,6 @@ ON_CUDA = DEVICE.type == "cuda"
 DTYPE = torch.bfloat16 if ON_CUDA else torch.float32  # the serving format on a GPU; the dry run's CPU may lack bf16
 WEIGHTS_VARIABLE = "SPECDEMO_GPU_TEST_WEIGHTS"  # offline or random; default: offline on CUDA where they are installed
 ARTIFACTS = Path(os.environ.get("SPECDEMO_GPU_ARTIFACTS") or Path(__file__).resolve().parent.parent / "test-artifacts")
-SMOLLM2_135M = dict(  # SmolLM2-135M-Instruct's shape: cost and near-ties do not depend on trained weights
-    vocab_size=49_152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    max_position_embeddings=8192,
-    rope_theta=100_000.0,
-    tie_word_embeddings=True,
-)
 DRY_RUN_SHAPE = dict(SMOLLM2_135M, vocab_size=512, hidden_size=72, intermediate_size=128, num_hidden_layers=2)
 KINDS = ("ngram", "suffix", "model", "self", "recurrent", "hybrid")  # self: the target drafts for itself
 NEW_TOKENS = 48 if ON_CUDA else 12
