@@ -71,7 +71,7 @@ PAIRS: tuple[Pair, ...] = (
         "SmolLM2-135M + recurrent drafter (trained here)",
         OFFLINE_DEFAULT,
         RECURRENT,
-        "ReDrafter's drafter: a 2.7M-parameter RNN reads the target's last hidden state and drafts through the "
+        "ReDrafter's drafter: a 3.7M-parameter RNN reads three of the target's layers, fused, and drafts through the "
         "target's own output layer, over the 8,192 tokens it writes most; trained on this CPU from the target's own "
         "texts (python -m specdemo train-drafter). W > 1: beams.",
         needs_hub=False,

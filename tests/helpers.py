@@ -232,12 +232,14 @@ def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=words[0], eos_token=words[1])
 
 
-def tiny_recurrent_head(target: PreTrainedModel, seed: int, vocabulary_size: int | None = None) -> RecurrentHead:
-    """A random RecurrentHead on `target` over its first `vocabulary_size` ids (all by default), sharp enough that
-    its drafts differ and are sometimes accepted."""
+def tiny_recurrent_head(
+    target: PreTrainedModel, seed: int, vocabulary_size: int | None = None, layers: tuple[int, ...] = (-1,)
+) -> RecurrentHead:
+    """A random RecurrentHead on `target` over its first `vocabulary_size` ids (all by default), reading `layers`,
+    sharp enough that its drafts differ and are sometimes accepted."""
     vocab_size = target.get_output_embeddings().weight.shape[0]
     torch.manual_seed(seed)
-    head = RecurrentHead(target, torch.arange(vocabulary_size or vocab_size)).float()
+    head = RecurrentHead(target, torch.arange(vocabulary_size or vocab_size), layers=layers).float()
     with torch.no_grad():
         for parameter in head.parameters():
             parameter.mul_(4.0)

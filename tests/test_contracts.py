@@ -31,7 +31,8 @@ def test_the_hybrid_proposes_at_most_the_candidates_asked_for(tiny_target, tiny_
     drafter = tiny_drafter("hybrid", None, tiny_trained_head)
     generator = torch.Generator(device="cpu").manual_seed(0)
     sequence = [0, 5, 9, 12, 7, 5, 9, 12, 7, 5, 9]
-    state = torch.randn(tiny_target.config.hidden_size, generator=generator, device="cpu").double()
+    width_of_state = len(tiny_trained_head.shape.layers) * tiny_target.config.hidden_size  # the layers it reads
+    state = torch.randn(width_of_state, generator=generator, device="cpu").double()
     for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
         request = DraftRequest(0, sequence, 4, width, sampling, generator, state)
         (draft,) = drafter.propose([request])

@@ -12,7 +12,7 @@ from specdemo.drafters.recurrent import head_path
 from specdemo.models.loading import OFFLINE_DEFAULT, check_model_name, load_model
 from specdemo.models.offline import cache_root
 from specdemo.training.data import DataSettings
-from specdemo.training.fit import LABELS, FitSettings
+from specdemo.training.fit import LABELS, UNROLLS, FitSettings
 from specdemo.training.run import train_drafter
 
 QUICK = dict(num_texts=256, steps=1500)  # --quick: about 14 minutes by the default run's rates (docs/), untimed
@@ -30,6 +30,17 @@ def add_parser(commands: argparse._SubParsersAction, progress) -> None:
     train.add_argument("--depth", type=int, default=FitSettings.depth, help="draft positions trained")
     train.add_argument("--vocabulary-size", type=int, default=FitSettings.vocabulary_size, help="the head's tokens")
     train.add_argument("--labels", choices=LABELS, default=FitSettings.labels, help="the target's argmax, or its top")
+    train.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        help="the target's hidden states the head reads, as indices into hidden_states (-1 the final one; default: "
+        "an early, a middle and the final one)",
+    )
+    train.add_argument(
+        "--unroll", choices=UNROLLS, default=FitSettings.unroll, help="what draft positions 2..K read in training"
+    )
+    train.add_argument("--generate-batch-size", type=int, default=DataSettings.batch_size, help="texts written at once")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--cache", type=Path, default=cache_root() / "training", help="texts and checkpoints")
     train.add_argument("--output", type=Path, help="the head file (default: the one the project ships)")
@@ -45,6 +56,7 @@ def train_command(args: argparse.Namespace, progress) -> int:
     data = DataSettings(
         num_texts=quick.get("num_texts", DataSettings.num_texts) if args.texts is None else args.texts,
         max_new_tokens=args.new_tokens,
+        batch_size=args.generate_batch_size,
         seed=args.seed,
     )
     settings = FitSettings(
@@ -53,6 +65,8 @@ def train_command(args: argparse.Namespace, progress) -> int:
         depth=args.depth,
         vocabulary_size=args.vocabulary_size,
         labels=args.labels,
+        layers=tuple(args.layers or ()),
+        unroll=args.unroll,
         seed=args.seed,
     )
     if args.quick:

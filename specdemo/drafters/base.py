@@ -26,8 +26,9 @@ class DraftRequest:
     num_candidates: int
     sampling: SamplingConfig  # what a draft model samples with for this row
     generator: torch.Generator  # the row's own: a draft model draws one uniform per beam per step from it
-    hidden_state: torch.Tensor | None = None  # [H] the target's last hidden state at the last accepted position, for a
-    # drafter that `reads_hidden_state`; None before the row's first target pass
+    hidden_state: torch.Tensor | None = None  # [len(layers) * H] the target's hidden states at the last accepted
+    # position (the `hidden_layers` it reads, concatenated), for a drafter that `reads_hidden_state`; None before the
+    # row's first target pass
 
     def __post_init__(self) -> None:  # every drafter may rely on these limits (a head counts by draft position)
         check_int("num-draft-tokens", self.num_draft_tokens, 0, MAX_NUM_DRAFT_TOKENS)
@@ -59,6 +60,15 @@ def reads_hidden_state(drafter: Drafter) -> bool:
     """Whether the engine must hand the drafter each row's last hidden state (a drafter says so with a class attribute
     `reads_hidden_state = True`; the verification pass computes the states anyway)."""
     return bool(getattr(drafter, "reads_hidden_state", False))
+
+
+def hidden_layers(drafter: Drafter) -> tuple[int, ...]:
+    """Which of the target's hidden states the drafter reads, concatenated in this order: indices into Hugging Face's
+    `hidden_states` (0 the embeddings, i the output of layer i, -1 the final normed state the LM head reads). A drafter
+    that reads more than the final one says so with an attribute `hidden_layers`; () for one that reads none."""
+    if not reads_hidden_state(drafter):
+        return ()
+    return tuple(getattr(drafter, "hidden_layers", (-1,)))
 
 
 class NoDrafter:

@@ -1,7 +1,9 @@
 """The hybrid drafter: the suffix drafter's copy and the recurrent head's draft, which catch different tokens, as
 candidates of one pass. Each round the cost-aware planner keeps the copy, the head's draft, or both, cut to the depth
-with the most expected tokens per unit of the target's pass cost. A copy is a point mass (one-hot q), the head's
-tokens carry the q they were sampled from: the multi-candidate rule is exact for such mixed candidates."""
+with the most expected tokens per unit of the target's pass cost. The head runs only when, and only as deep as, a
+draft of its could be kept: its chances are known before it drafts, so a round in which it cannot pay costs no head
+steps. A copy is a point mass (one-hot q), the head's tokens carry the q they were sampled from: the multi-candidate
+rule is exact for such mixed candidates."""
 
 # W = candidates kept, K = num_draft_tokens, V = vocab_size
 
@@ -36,6 +38,7 @@ class HybridDrafter:
     ) -> None:
         self.suffix = suffix
         self.head = head
+        self.hidden_layers = head.hidden_layers
         self.costs = costs
         self.vocab_size = vocab_size
 
@@ -45,10 +48,33 @@ class HybridDrafter:
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
         copies = self.suffix.propose(requests)
-        heads = self.head.propose([replace(r, num_candidates=max(1, r.num_candidates - 1)) for r in requests])
+        for request in requests:  # the head's chances this round, as its propose would learn them
+            self.head.learn(request)
         widest = max(r.num_candidates * r.num_draft_tokens + 1 for r in requests)
         costs = self.costs(widest)
-        return [self._combine(c, h, costs, r.num_candidates) for c, h, r in zip(copies, heads, requests, strict=True)]
+        depths = [self._head_depth(r, c, costs) for r, c in zip(requests, copies, strict=True)]
+        asked = [i for i, depth in enumerate(depths) if depth]
+        drafted = self.head.propose(
+            [replace(requests[i], num_candidates=max(1, requests[i].num_candidates - 1), num_draft_tokens=depths[i])
+             for i in asked]
+        ) if asked else []  # fmt: skip
+        heads = dict(zip(asked, drafted, strict=True))
+        return [
+            self._combine(copy, heads.get(i, Draft([], None)), costs, r.num_candidates)
+            for i, (copy, r) in enumerate(zip(copies, requests, strict=True))
+        ]
+
+    def _head_depth(self, request: DraftRequest, copy: Draft, costs: PassCosts) -> int:
+        """How deep the head's draft could be kept this round; 0: not at all, and then the head does not run. The
+        planner is asked with stand-ins for the head's candidates: their chances are the row's, known before drafting,
+        and their first tokens differ from the copy's, which real drafts can only match (a shared first token counts
+        once), never better. So a head the stand-ins do not pay for would not have been kept either."""
+        if request.hidden_state is None:
+            return 0  # the row's first round: the head has nothing to read yet
+        width, depth = max(1, request.num_candidates - 1), request.num_draft_tokens
+        stand_ins = self.head.with_chances(request.key, Draft([[-1 - w] * depth for w in range(width)], None))
+        kept = self._combine(copy, stand_ins, costs, request.num_candidates)
+        return kept.plan.num_tokens if kept.plan is not None and HEAD in (kept.sources or ()) else 0
 
     def _combine(self, copy: Draft, head: Draft, costs: PassCosts, width: int) -> Draft:
         """At most `width` of the copies and the head's drafts: those the planner expects the most of per step."""

@@ -1,13 +1,15 @@
-"""The recurrent drafter (ReDrafter, Cheng et al. 2024): a small RNN reads the target's last hidden state and the token
-the target just chose, and drafts what follows through the target's own tied LM head, restricted to the sub-vocabulary
-the target writes most (FR-Spec). Written the seeds' way: `rnn_drafter` and `sample_seq` for one sequence, lifted over
-beams and rows with torch.func.vmap; at temperature 0, beam search gives W deterministic candidates.
+"""The recurrent drafter (ReDrafter, Cheng et al. 2024): a small RNN reads the target's hidden states at the last
+accepted position (an early, a middle and the final layer's, fused by one linear layer as EAGLE-3 fuses them) and the
+token the target just chose, and drafts what follows through the target's own tied LM head, restricted to the
+sub-vocabulary the target writes most (FR-Spec). Written the seeds' way: `rnn_drafter` and `sample_seq` for one
+sequence, lifted over beams and rows with torch.func.vmap; at temperature 0, beam search gives W deterministic
+candidates.
 
 Tokens outside the sub-vocabulary get q = 0 and are never drafted; q is the distribution the head sampled from (the
 draft temperature over the sub-vocabulary), so the rule stays exact."""
 
 # R = rows asking for drafts, W = num_candidates, K = num_draft_tokens, H = the target's hidden size,
-# V = the target's vocab_size, S = the head's sub-vocabulary size
+# L = the target layers read, V = the target's vocab_size, S = the head's sub-vocabulary size
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import hashlib
 import time
 import weakref
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,7 +28,7 @@ from specdemo.config import MAX_NUM_DRAFT_TOKENS
 from specdemo.core.sampling import sample_one, uniforms_from
 from specdemo.drafters.base import Draft, DraftRequest
 
-HEAD_FORMAT = "specdemo-recurrent-head/1"
+HEAD_FORMAT = "specdemo-recurrent-head/2"  # /2: reads `layers`; /1 read the final state alone
 HEADS_DIRECTORY = Path(__file__).parent / "heads"  # the heads the project ships, one per offline target
 
 
@@ -41,26 +43,52 @@ class HeadShape:
 
     hidden_size: int  # H, the target's
     num_blocks: int  # residual blocks x + SiLU(Linear(x)) at width 2H
+    layers: tuple[int, ...]  # the target's hidden states it reads: indices into Hugging Face's hidden_states
+
+
+def layer_indices(target: PreTrainedModel, layers: tuple[int, ...]) -> tuple[int, ...]:
+    """`layers` as indices into the target's hidden_states (0 the embeddings, i layer i's output, the last the final
+    normed state; -1 counts from the end), or a ValueError in one sentence."""
+    count = target.config.num_hidden_layers + 1
+    if not layers or any(not -count <= layer < count for layer in layers):
+        raise ValueError(
+            f"The head's layers {list(layers)} are not among the target's hidden states 0..{count - 1}: pick layers "
+            f"of this target, or train a head for it with `python -m specdemo train-drafter`."
+        )
+    return tuple(layer % count for layer in layers)
 
 
 class RecurrentHead(nn.Module):
-    """s_t = SiLU(W e(y_{t-1}) + U s_{t-1}), s_0 = 0; [h ; s_t] through residual blocks, projected to H and scored by
+    """h = F [n(h_a) ; n(h_b) ; h_L] (n: RMS-normalised; F one linear layer; with one layer, h is its state as it is);
+    s_t = SiLU(W e(y_{t-1}) + U s_{t-1}), s_0 = 0; [h ; s_t] through residual blocks, projected to H and scored by
     the target's output embedding rows of the sub-vocabulary. The target's embeddings are frozen buffers, not saved."""
 
-    def __init__(self, target: PreTrainedModel, vocabulary: torch.Tensor, num_blocks: int = 1) -> None:
+    def __init__(
+        self, target: PreTrainedModel, vocabulary: torch.Tensor, num_blocks: int = 1, layers: tuple[int, ...] = (-1,)
+    ) -> None:
         super().__init__()
         hidden = target.config.hidden_size
+        layers = layer_indices(target, layers)
         embedding = target.get_input_embeddings().weight.detach()  # [V, H] the target's own tensor, not a copy
         output = target.get_output_embeddings().weight.detach()  # [V, H] (the same matrix when tied)
         self.register_buffer("vocabulary", vocabulary.long().clone())  # [S] target ids, most written first
         self.register_buffer("embedding", embedding, persistent=False)
         self.register_buffer("output_rows", output[vocabulary], persistent=False)  # [S, H]
+        self.fuse = nn.Linear(len(layers) * hidden, hidden, bias=False) if len(layers) > 1 else None  # F
         self.input = nn.Linear(hidden, hidden)  # W, with a bias
         self.recurrent = nn.Linear(hidden, hidden, bias=False)  # U
         self.blocks = nn.ModuleList(nn.Linear(2 * hidden, 2 * hidden) for _ in range(num_blocks))
         self.project = nn.Linear(2 * hidden, hidden)
-        self.shape = HeadShape(hidden, num_blocks)
+        self.shape = HeadShape(hidden, num_blocks, layers)
         self.trained: dict = {}  # how its file says it was trained, with its held-out figures
+
+    def read(self, llm_states: torch.Tensor) -> torch.Tensor:  # [..., L*H] -> [..., H]
+        """What the RNN reads of the target: its layers' states (as the engine concatenates them) fused into one."""
+        if self.fuse is None:
+            return llm_states
+        parts = llm_states.unflatten(-1, (len(self.shape.layers), self.shape.hidden_size)).float()  # [..., L, H]
+        parts = parts * torch.rsqrt(parts.square().mean(dim=-1, keepdim=True) + 1e-6)  # each layer at one scale
+        return self.fuse(parts.flatten(-2).to(self.fuse.weight.dtype))
 
     def rnn_drafter(
         self,
@@ -78,19 +106,25 @@ class RecurrentHead(nn.Module):
 
     def forward(
         self,
-        llm_states: torch.Tensor,  # [N, H]
+        llm_states: torch.Tensor,  # [N, L*H]
         input_tokens: torch.Tensor,  # [N, K] the token the target chose, then the K - 1 tokens that followed
-    ) -> torch.Tensor:  # [N, K, S] logits of the K tokens after each input token (teacher forcing, for training)
-        rnn_state = torch.zeros_like(llm_states)
+        own_drafts: bool = False,  # read its own greedy drafts after the first token, as drafting does
+    ) -> torch.Tensor:  # [N, K, S] logits of the K tokens after each input token (for training)
+        """Teacher forcing reads the text's tokens; with own_drafts, step k reads the head's own argmax of step k-1
+        (training-time test: what positions 2..K see when drafting)."""
+        llm_states = self.read(llm_states)
+        rnn_state, token = torch.zeros_like(llm_states), input_tokens[:, 0]
         logits = []
         for k in range(input_tokens.shape[1]):
-            rnn_state, step = self.rnn_drafter(llm_states, rnn_state, input_tokens[:, k])
+            rnn_state, step = self.rnn_drafter(llm_states, rnn_state, token)
             logits.append(step)
+            if k + 1 < input_tokens.shape[1]:
+                token = self.vocabulary[step.argmax(dim=-1)] if own_drafts else input_tokens[:, k + 1]
         return torch.stack(logits, dim=1)
 
     def sample_seq(
         self,
-        llm_state: torch.Tensor,  # [H]
+        llm_state: torch.Tensor,  # [H] read(): the target's states fused
         llm_token: torch.Tensor,  # [] int64 the token the target chose
         uniforms: torch.Tensor,  # [K] float64, one draw per drafted token
         temperature: torch.Tensor,  # [] > 0
@@ -108,23 +142,24 @@ class RecurrentHead(nn.Module):
 
     def sample_beams(
         self,
-        llm_states: torch.Tensor,  # [R, H]
+        llm_states: torch.Tensor,  # [R, L*H]
         llm_tokens: torch.Tensor,  # [R] int64
         uniforms: torch.Tensor,  # [R, W, K] float64
         temperatures: torch.Tensor,  # [R]
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [R, W, K] target ids, [R, W, K, S] q
         """W i.i.d. draft sequences per row: sample_seq lifted over beams (sharing the row's state), then rows."""
         over_beams = torch.func.vmap(self.sample_seq, in_dims=(None, None, 0, None))
-        return torch.func.vmap(over_beams)(llm_states, llm_tokens, uniforms, temperatures)
+        return torch.func.vmap(over_beams)(self.read(llm_states), llm_tokens, uniforms, temperatures)
 
     def beam_search(
         self,
-        llm_states: torch.Tensor,  # [R, H]
+        llm_states: torch.Tensor,  # [R, L*H]
         llm_tokens: torch.Tensor,  # [R] int64
         width: int,  # W <= S
         depth: int,  # K >= 1
     ) -> torch.Tensor:  # [R, W, K] target ids, the W most likely sequences under the head, most likely first
         """Temperature 0: deterministic candidates, which share their prefixes in the target's tree."""
+        llm_states = self.read(llm_states)
         rnn_state, logits = self.rnn_drafter(llm_states, torch.zeros_like(llm_states), llm_tokens)
         scores, chosen = logits.float().log_softmax(dim=-1).topk(width, dim=-1)  # [R, W]
         sequences = chosen[..., None]  # [R, W, 1] sub-vocabulary indices
@@ -152,6 +187,7 @@ class RecurrentDrafter:
 
     def __init__(self, head: RecurrentHead, vocab_size: int) -> None:
         self.head = head
+        self.hidden_layers = head.shape.layers  # what the engine hands it (drafters.base.hidden_layers)
         self.vocab_size = vocab_size
         prior = list(head.trained.get("held_out_alpha") or [0.5])
         self.prior = [prior[min(k, len(prior) - 1)] for k in range(MAX_NUM_DRAFT_TOKENS)]  # K <= MAX_NUM_DRAFT_TOKENS
@@ -174,9 +210,9 @@ class RecurrentDrafter:
         tested, accepted = self._counts(key)
         return [accepted[k] / tested[k] for k in range(depth)]
 
-    def _learn(self, request: DraftRequest) -> None:
+    def learn(self, request: DraftRequest) -> None:
         """The tokens emitted since the row's last draft against its candidates: the longest match was accepted
-        (a rejected token is never emitted in its place, as its residual is 0)."""
+        (a rejected token is never emitted in its place, as its residual is 0). Once per draft: propose calls it."""
         if request.key not in self.last:
             return
         length, candidates = self.last.pop(request.key)
@@ -192,7 +228,7 @@ class RecurrentDrafter:
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
         started = time.perf_counter()
         for request in requests:
-            self._learn(request)
+            self.learn(request)
         drafts = {i: Draft([], None) for i, r in enumerate(requests) if r.hidden_state is None}
         ready = [i for i in range(len(requests)) if i not in drafts]
         groups: dict[tuple[bool, int, int], list[int]] = {}  # rows drafted together: same rule, W and K
@@ -205,15 +241,17 @@ class RecurrentDrafter:
         for i in ready:
             self.last[requests[i].key] = (len(requests[i].sequence_ids), drafts[i].token_ids)
         return [
-            self._with_chances(requests[i].key, d, seconds) if d.token_ids else d for i, d in sorted(drafts.items())
+            replace(self.with_chances(requests[i].key, d), forward_seconds=seconds) if d.token_ids else d
+            for i, d in sorted(drafts.items())
         ]
 
-    def _with_chances(self, key: Hashable, draft: Draft, seconds: float) -> Draft:
+    def with_chances(self, key: Hashable, draft: Draft) -> Draft:
+        """The draft with the row's chance for each of its tokens: they depend on the positions, not the tokens."""
         chances = [self.alpha(key, len(candidate)) for candidate in draft.token_ids]
         first = sum(candidate[0] for candidate in chances)
         for candidate in chances:  # W candidates' first tokens cannot together be accepted more than once
             candidate[0] /= max(1.0, first)
-        return Draft(draft.token_ids, draft.probs, seconds, chances=chances)
+        return replace(draft, chances=chances)
 
     def _draft(self, requests: list[DraftRequest], greedy: bool, width: int, depth: int) -> list[Draft]:
         states = torch.stack([r.hidden_state for r in requests]).to(self.head.output_rows.dtype)  # type: ignore[misc]
@@ -264,6 +302,7 @@ def save_head(head: RecurrentHead, path: Path, fingerprint: str, trained: dict[s
         target=fingerprint,
         hidden_size=head.shape.hidden_size,
         num_blocks=head.shape.num_blocks,
+        layers=list(head.shape.layers),
         vocabulary=head.vocabulary.to(torch.int32),
         state=state,
         trained=trained,
@@ -297,11 +336,23 @@ def load_head(target: PreTrainedModel, path: Path) -> RecurrentHead:
         raise ValueError(f"No recurrent head at {path}: {rebuild}.")
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
-        assert record["format"] == HEAD_FORMAT, f"format {record['format']!r}"
-        head = RecurrentHead(target, record["vocabulary"].long(), int(record["num_blocks"]))
-        head.load_state_dict({**record["state"], "vocabulary": record["vocabulary"].long()})
-    except Exception as error:  # a truncated zip, a foreign pickle, missing or misshapen tensors
+        made = record.get("format")
+    except Exception as error:  # a truncated zip, a foreign pickle
         raise ValueError(f"The recurrent head {path} is damaged or not a head file ({error}); {rebuild}.") from error
+    if isinstance(made, str) and made.startswith("specdemo-recurrent-head/") and made != HEAD_FORMAT:
+        raise ValueError(
+            f"The recurrent head {path} was made by another version of specdemo ({made}; this one reads "
+            f"{HEAD_FORMAT}, whose heads read more of the target's layers): {rebuild}."
+        )
+    layers = tuple(record.get("layers", ()))
+    layer_indices(target, layers)  # a head for another layer count is refused in its own sentence
+    try:
+        assert made == HEAD_FORMAT, f"format {made!r}"
+        head = RecurrentHead(target, record["vocabulary"].long(), int(record["num_blocks"]), layers)
+        head.load_state_dict({**record["state"], "vocabulary": record["vocabulary"].long()})
+    except Exception as error:  # missing or misshapen tensors, a foreign record
+        said = " ".join(str(error).split())[:200]  # one line
+        raise ValueError(f"The recurrent head {path} is damaged or not a head file ({said}); {rebuild}.") from error
     head.trained = dict(record["trained"])
     fingerprint = target_fingerprint(target)
     if record["target"] != fingerprint:

@@ -40,7 +40,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
         DrafterKind(
             RECURRENT,
             "recurrent drafter (trained here)",
-            "a small RNN reading the target's last hidden state, trained on the target's own texts "
+            "a small RNN reading three of the target's layers (fused), trained on the target's own texts "
             "(python -m specdemo train-drafter); W > 1 draws W sequences, or beam search at temperature 0",
             RecurrentOptions,
             lambda options, context: _recurrent(context),

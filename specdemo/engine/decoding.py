@@ -18,7 +18,7 @@ from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, Round
 from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs, uniforms_from
 from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
-from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, reads_hidden_state
+from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, hidden_layers
 from specdemo.engine.cost_watch import watch
 from specdemo.models.fixed_shape import FixedShapeModel, uses_fixed_shape
 from specdemo.models.loading import device_memory, release_device_memory
@@ -48,7 +48,7 @@ class _Row:
     num_rounds: int = 0
     drafts_tested: int = 0  # drafted tokens tested on the accepted candidate's path, over the row's rounds
     drafts_accepted: int = 0
-    hidden_state: torch.Tensor | None = None  # [H] at the last accepted position, for a drafter that reads it
+    hidden_state: torch.Tensor | None = None  # [L*H] at the last accepted position, for a drafter that reads it
 
     def __post_init__(self) -> None:
         self.warpers = build_warpers(self.sampling)
@@ -224,12 +224,12 @@ class OutOfDeviceMemory(ValueError):
         )
 
 
-def verifier_for(target: PreTrainedModel, keep_hidden_states: bool) -> TreeCachedModel | FixedShapeModel:
+def verifier_for(target: PreTrainedModel, layers: tuple[int, ...]) -> TreeCachedModel | FixedShapeModel:
     """The target's cache and passes: one pass shape on a GPU, where kernels differ by shape (models/fixed_shape.py);
     tree passes on the CPU, where padding costs and the kernels keep a row's sums in order (models/attention.py)."""
     if uses_fixed_shape(target.device):
-        return FixedShapeModel(target, keep_hidden_states)
-    return TreeCachedModel(target, keep_hidden_states)
+        return FixedShapeModel(target, layers)
+    return TreeCachedModel(target, layers)
 
 
 class BatchDecoder:
@@ -247,7 +247,7 @@ class BatchDecoder:
         verify: Verify = verify_rows,  # the multi-candidate rule; the audit plants bugs here
         costs: BatchCosts | None = None,  # this device's round costs: drafts are cut when a shared pass pays for it
     ) -> None:
-        self.verifier = verifier_for(target, keep_hidden_states=reads_hidden_state(drafter))
+        self.verifier = verifier_for(target, hidden_layers(drafter))
         self.costs = costs
         self.drafter = drafter
         self.verify = verify
@@ -303,7 +303,7 @@ class BatchDecoder:
 
     def _start_afresh(self) -> None:
         """New caches (each row reads its sequence again at its next pass), and the memory of the old ones let go."""
-        self.verifier = verifier_for(self.verifier.model, self.verifier.keep_hidden_states)
+        self.verifier = verifier_for(self.verifier.model, self.verifier.hidden_layers)
         for key in self.rows:
             self.drafter.forget(key)
         release_device_memory(self.verifier.device)

@@ -193,8 +193,8 @@ class _Fed:
 class FixedShapeModel(CachedModel):
     """TreeCachedModel's contract (logits_for="all"), with every pass of one shape (see the module's docstring)."""
 
-    def __init__(self, model: PreTrainedModel, keep_hidden_states: bool = False) -> None:
-        super().__init__(model, keep_hidden_states)
+    def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
+        super().__init__(model, hidden_layers)
         self.rows: dict[Hashable, _Row] = {}
         self.pools: dict[int, _Pool] = {}  # by L
         self.leaving: set[Hashable] = set()
@@ -369,7 +369,7 @@ class FixedShapeModel(CachedModel):
             tree_pass=True,
             output_hidden_states=self.keep_hidden_states,
         )
-        hidden = output.hidden_states[-1][:, -logits_to_keep:] if self.keep_hidden_states else None
+        hidden = self.read_hidden(output.hidden_states, logits_to_keep) if self.keep_hidden_states else None
         return output.logits, hidden
 
 

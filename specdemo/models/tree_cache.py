@@ -141,9 +141,9 @@ class CachedModel:
     """What the engine's caches share (this tree cache, and models/fixed_shape.py's on a GPU): the model attending
     with tree_attention, its layers' attention kinds and sliding window, and what the latest passes fed and took."""
 
-    def __init__(self, model: PreTrainedModel, keep_hidden_states: bool = False) -> None:
+    def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
         self.model = model
-        self.keep_hidden_states = keep_hidden_states  # for a drafter that reads them: last_hidden_states
+        self.hidden_layers = hidden_layers  # for a drafter that reads them (drafters.base.hidden_layers)
         self.device = model.device
         self.layer_kinds = attention_kinds(model.config.name_or_path or model.config.model_type, model.config)
         self.sliding_window = getattr(model.config, "sliding_window", None)
@@ -151,8 +151,17 @@ class CachedModel:
         self.forward_seconds = 0.0
         self.last_forward_seconds = 0.0
         self.last_input_lengths: dict[Hashable, int] = {}  # tokens fed per row in the latest call
-        self.last_hidden_states: dict[Hashable, torch.Tensor] = {}  # per row asked, the final (normed) hidden states
-        # where its logits were read, arranged as `logits` arranges them ([W, K+1, H] or [W, H]), if kept
+        self.last_hidden_states: dict[Hashable, torch.Tensor] = {}  # per row asked, the hidden_layers' states
+        # (concatenated, L*H) where its logits were read, arranged as `logits` arranges them ([W, K+1, L*H] or
+        # [W, L*H]), if kept
+
+    @property
+    def keep_hidden_states(self) -> bool:
+        return bool(self.hidden_layers)
+
+    def read_hidden(self, hidden_states: tuple[torch.Tensor, ...], num_logits: int) -> torch.Tensor:
+        """[B, num_logits, L*H]: the hidden_layers' states where the logits were read, concatenated."""
+        return torch.cat([hidden_states[layer][:, -num_logits:] for layer in self.hidden_layers], dim=-1)
 
 
 class TreeCachedModel(CachedModel):
@@ -160,8 +169,8 @@ class TreeCachedModel(CachedModel):
     logits are those of the row alone, bit for bit in any batch (models/attention.py), and the sliding window is
     applied in the mask by position, so a sliding-window model stays exact however far it decodes."""
 
-    def __init__(self, model: PreTrainedModel, keep_hidden_states: bool = False) -> None:
-        super().__init__(model, keep_hidden_states)
+    def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
+        super().__init__(model, hidden_layers)
         self.layout = TreeLayout()
         self.cache = RowCache()
 
@@ -261,4 +270,4 @@ class TreeCachedModel(CachedModel):
         self.forward_seconds += self.last_forward_seconds
         if not self.keep_hidden_states:
             return output.logits, None
-        return output.logits, output.hidden_states[-1][:, -plan.num_logits :]  # the states the LM head read
+        return output.logits, self.read_hidden(output.hidden_states, plan.num_logits)

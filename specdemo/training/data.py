@@ -1,11 +1,15 @@
 """Self-distillation data: the target answers the package's instructions itself (Hugging Face generate, batched), then
-one teacher-forced pass records, per position, its final hidden state, its argmax and its top entries. Written in
-chunks on disk, each under its final name only when complete, so an interrupted run resumes where it stopped."""
+teacher-forced passes record, per position, the hidden states of the layers a head reads, the target's argmax and its
+top entries. Texts and features are separate files, so a head that reads other layers reuses the texts; each layer's
+states are a file of their own, so heads sharing a layer share it. Written in chunks on disk, each under its final name
+only when complete, so an interrupted run resumes where it stopped; a chunk from another format, or features of other
+texts, are written again, never misread."""
 
 # T = a text's length (prompt and answer), H = hidden_size, A = TOP_ENTRIES
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +23,9 @@ from specdemo.training.instructions import SUBJECTS, TASKS, instructions
 
 TOP_ENTRIES = 8  # the target's most probable tokens kept per position, for soft labels
 BYTES_PER_TOKEN_PER_HIDDEN = 2  # hidden states are kept in bfloat16
+TEXTS_FORMAT = "specdemo-texts/2"  # token ids alone (/1 chunks held the final states too)
+FEATURES_FORMAT = "specdemo-features/2"
+FEATURE_BATCH = 16  # texts a teacher-forced pass reads
 
 
 @dataclass(frozen=True)
@@ -28,7 +35,7 @@ class DataSettings:
     num_texts: int = 1024
     max_new_tokens: int = 256
     temperature: float = 0.8  # sampled texts vary more than greedy ones; the labels are the argmax all the same
-    batch_size: int = 16
+    batch_size: int = 32  # the fastest measured here (benchmarks/text_speed.py, docs/recurrent-drafter.md)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -43,9 +50,9 @@ def chunk_paths(cache: Path, settings: DataSettings) -> list[Path]:
     return [cache / f"texts-{index:04d}.pt" for index in range(count)]
 
 
-def check_disk(cache: Path, settings: DataSettings, hidden_size: int) -> None:
+def check_disk(cache: Path, settings: DataSettings, hidden_size: int, num_layers: int = 1) -> None:
     """One sentence before anything is written when the cache's disk cannot hold the texts' hidden states."""
-    per_token = hidden_size * BYTES_PER_TOKEN_PER_HIDDEN + TOP_ENTRIES * 6 + 16
+    per_token = num_layers * hidden_size * BYTES_PER_TOKEN_PER_HIDDEN + TOP_ENTRIES * 6 + 16
     needed = settings.num_texts * (settings.max_new_tokens + 64) * per_token
     cache.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(cache).free
@@ -56,33 +63,84 @@ def check_disk(cache: Path, settings: DataSettings, hidden_size: int) -> None:
         )
 
 
+def _valid(path: Path, format_: str, source: str) -> bool:
+    """Whether `path` is a complete chunk of this format (and of these texts): anything else is written again."""
+    try:
+        record = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError):  # missing, or not a torch file
+        return False
+    return isinstance(record, dict) and record.get("format") == format_ and record.get("source") == source
+
+
+def _save(record: dict, path: Path) -> None:
+    partial = path.with_suffix(".partial")
+    torch.save(record, partial)
+    partial.replace(path)
+
+
 def write_texts(target: LoadedModel, settings: DataSettings, cache: Path) -> list[Path]:
-    """Every chunk of texts with their features, written now or found from an earlier run."""
+    """Every chunk of texts (token ids), written now or found from an earlier run."""
     check_disk(cache, settings, target.model.config.hidden_size)
-    texts = instructions(settings.num_texts, settings.seed)
+    texts = instructions(settings.num_texts, settings.seed)  # a run with fewer texts shares the first chunks
     paths = chunk_paths(cache, settings)
-    missing = [index for index, path in enumerate(paths) if not path.exists()]
+    made = written_with(settings)
+    missing = [index for index, path in enumerate(paths) if not _valid(path, TEXTS_FORMAT, made)]
     for index in tqdm(missing, desc="target writes its texts", unit="chunk", disable=not missing):
         batch = texts[index * settings.batch_size : (index + 1) * settings.batch_size]
-        record = _chunk(target, batch, settings, seed=settings.seed * 100_003 + index)
-        partial = paths[index].with_suffix(".partial")
-        torch.save(record, partial)
-        partial.replace(paths[index])
+        prompts = [chat_prompt_ids(target, text)[0] for text in batch]
+        sequences = generate_texts(target, prompts, settings, seed=settings.seed * 100_003 + index)
+        record = dict(
+            format=TEXTS_FORMAT,
+            source=made,
+            prompt_lengths=[len(p) for p in prompts],
+            token_ids=[s.to(torch.int32).cpu() for s in sequences],
+        )
+        _save(record, paths[index])
     return paths
 
 
-@torch.inference_mode()
-def _chunk(target: LoadedModel, batch: list[str], settings: DataSettings, seed: int) -> dict[str, list]:
-    prompts = [chat_prompt_ids(target, text)[0] for text in batch]
-    sequences = _generate(target, prompts, settings, seed)
-    return dict(
-        prompt_lengths=[len(p) for p in prompts],
-        token_ids=[s.to(torch.int32).cpu() for s in sequences],
-        **_features(target, sequences),
-    )
+def written_with(settings: DataSettings) -> str:
+    """What a chunk's texts depend on besides their instructions: chunks written otherwise are written again."""
+    return f"{settings.max_new_tokens} tokens, T = {settings.temperature}, B = {settings.batch_size}, {settings.seed}"
 
 
-def _generate(target: LoadedModel, prompts: list[torch.Tensor], settings: DataSettings, seed: int) -> list:
+def features_paths(text_path: Path, layers: tuple[int, ...]) -> dict[str, Path]:
+    """The files of a text chunk's features: its labels, and each layer's states (by hidden_states index)."""
+    stem = text_path.stem.removeprefix("texts-")
+    paths = {"labels": text_path.with_name(f"labels-{stem}.pt")}
+    return paths | {f"layer {layer}": text_path.with_name(f"layer{layer:03d}-{stem}.pt") for layer in layers}
+
+
+def source_of(token_ids: list[torch.Tensor]) -> str:
+    """A hash of a chunk's texts: features record it, so features of other texts are never read as these."""
+    digest = hashlib.blake2b(digest_size=8)
+    for tokens in token_ids:
+        digest.update(tokens.to(torch.int32).numpy().tobytes() + b"|")
+    return digest.hexdigest()
+
+
+def write_features(target: LoadedModel, text_paths: list[Path], layers: tuple[int, ...]) -> None:
+    """Each text chunk's labels and the states of `layers` (indices into hidden_states), written where missing."""
+    check_disk(text_paths[0].parent, DataSettings(num_texts=16), target.model.config.hidden_size, len(layers))
+    todo = []
+    for path in text_paths:
+        texts = torch.load(path, weights_only=True)
+        source = source_of(texts["token_ids"])
+        missing = [
+            name for name, file in features_paths(path, layers).items() if not _valid(file, FEATURES_FORMAT, source)
+        ]
+        if missing:
+            todo.append((path, texts, source, missing))
+    for path, texts, source, missing in tqdm(todo, desc="target reads its texts", unit="chunk", disable=not todo):
+        wanted = tuple(int(name.removeprefix("layer ")) for name in missing if name != "labels")
+        features = _features(target, [t.long().to(target.device) for t in texts["token_ids"]], wanted)
+        files = features_paths(path, layers)
+        for name in missing:
+            part = {"labels": features["labels"]} if name == "labels" else {"hidden": features[name]}
+            _save(dict(format=FEATURES_FORMAT, source=source, **part), files[name])
+
+
+def generate_texts(target: LoadedModel, prompts: list[torch.Tensor], settings: DataSettings, seed: int) -> list:
     """Each prompt and its answer, up to and including the first EOS."""
     tokenizer, model = target.tokenizer, target.model
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_token_ids)
@@ -112,16 +170,31 @@ def _generate(target: LoadedModel, prompts: list[torch.Tensor], settings: DataSe
     return sequences
 
 
-def _features(target: LoadedModel, sequences: list[torch.Tensor]) -> dict[str, list]:
-    """Teacher forcing, one text a pass (a batch's [B, T, V] logits would take gigabytes): per position, the final
-    hidden state the LM head reads, the argmax and the top entries."""
-    features: dict[str, list] = {"hidden": [], "argmax": [], "top_probs": [], "top_ids": []}
-    for sequence in sequences:
-        output = target.model(input_ids=sequence[None], output_hidden_states=True)
-        hidden, logits = output.hidden_states[-1][0], output.logits[0].float()  # [T, H], [T, V]
-        top = logits.softmax(dim=-1).topk(TOP_ENTRIES, dim=-1)  # [T, A]
-        features["hidden"].append(hidden.to(torch.bfloat16).cpu())
-        features["argmax"].append(logits.argmax(dim=-1).to(torch.int32).cpu())
-        features["top_probs"].append(top.values.to(torch.float16).cpu())
-        features["top_ids"].append(top.indices.to(torch.int32).cpu())
-    return features
+@torch.inference_mode()
+def _features(target: LoadedModel, sequences: list[torch.Tensor], layers: tuple[int, ...]) -> dict[str, object]:
+    """Teacher forcing, FEATURE_BATCH texts a pass (right-padded; the logits, [T, V] a text, are taken one text at a
+    time from the final states): per position, the states of `layers`, the argmax and the top entries."""
+    model = target.model
+    output_rows = model.get_output_embeddings()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    labels: dict[str, list] = {"argmax": [], "top_probs": [], "top_ids": []}
+    hidden: dict[int, list] = {layer: [] for layer in layers}
+    for first in range(0, len(sequences), FEATURE_BATCH):
+        batch = sequences[first : first + FEATURE_BATCH]
+        width = max(map(len, batch))
+        ids = torch.zeros(len(batch), width, dtype=torch.long, device=target.device)  # [B, T]
+        mask = torch.zeros_like(ids)
+        for b, sequence in enumerate(batch):
+            ids[b, : len(sequence)], mask[b, : len(sequence)] = sequence, 1
+        states = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1).hidden_states
+        for b, sequence in enumerate(batch):
+            for layer in layers:
+                hidden[layer].append(states[layer][b, : len(sequence)].to(torch.bfloat16).cpu())
+            logits = output_rows(states[-1][b, : len(sequence)]).float()  # [T, V]
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            top = logits.softmax(dim=-1).topk(TOP_ENTRIES, dim=-1)  # [T, A]
+            labels["argmax"].append(logits.argmax(dim=-1).to(torch.int32).cpu())
+            labels["top_probs"].append(top.values.to(torch.float16).cpu())
+            labels["top_ids"].append(top.indices.to(torch.int32).cpu())
+    return {"labels": labels} | {f"layer {layer}": hidden[layer] for layer in layers}

@@ -1,13 +1,15 @@
-"""Fitting the recurrent head on the target's own texts: from each position t, given the target's hidden state h_t and
-the token x_{t+1} it chose, the head learns the target's next K predictions (its argmax, or its top entries as soft
-labels). Checkpointed, so an interrupted run resumes; held-out acceptance per draft position is measured as it goes."""
+"""Fitting the recurrent head on the target's own texts: from each position t, given the target's hidden states h_t (the
+layers it reads) and the token x_{t+1} it chose, the head learns the target's next K predictions (its argmax, or its
+top entries as soft labels), reading the text's tokens (teacher forcing) or its own drafts (training-time test).
+Checkpointed, so an interrupted run resumes; held-out acceptance per draft position is measured as it goes."""
 
-# N = training positions, K = depth (draft positions trained), H = hidden_size, S = sub-vocabulary, A = TOP_ENTRIES
+# N = training positions, K = depth (draft positions trained), H = hidden_size, L = layers read, S = sub-vocabulary,
+# A = TOP_ENTRIES
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -16,9 +18,19 @@ from transformers import PreTrainedModel
 
 from specdemo.config import check_int, check_number
 from specdemo.drafters.recurrent import RecurrentHead
+from specdemo.training.data import features_paths
 
 IGNORE = -100  # a label the head cannot draft (off its sub-vocabulary) or past the text's end
 LABELS = ("argmax", "soft")
+UNROLLS = ("teacher", "drafts", "both")  # what positions 2..K read in training: see training_loss
+LAYER_FRACTIONS = (0.5, 0.75)  # the two layers read beside the final state, as fractions of the depth: on
+# SmolLM2-135M's 30 layers, 15 and 22 drafted best of five choices (docs/recurrent-drafter.md)
+
+
+def default_layers(target: PreTrainedModel) -> tuple[int, ...]:
+    """A middle, a late and the final (normed) state: hidden_states indices for this target's depth."""
+    depth = target.config.num_hidden_layers
+    return tuple(dict.fromkeys([*(max(1, round(depth * fraction)) for fraction in LAYER_FRACTIONS), depth]))
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,8 @@ class FitSettings:
     learning_rate: float = 1e-3
     weight_decay: float = 0.01
     labels: str = "argmax"
+    layers: tuple[int, ...] = ()  # the target's hidden states the head reads (hidden_states indices); () the default
+    unroll: str = "teacher"
     held_out_texts: int = 48  # the last texts written, never trained on
     seed: int = 0
 
@@ -45,13 +59,17 @@ class FitSettings:
         check_int("held-out-texts", self.held_out_texts, 1, 10_000)
         if self.labels not in LABELS:
             raise ValueError(f"labels must be one of {', '.join(LABELS)}, got {self.labels!r}.")
+        if self.unroll not in UNROLLS:
+            raise ValueError(f"unroll must be one of {', '.join(UNROLLS)}, got {self.unroll!r}.")
+        if len(self.layers) > 8 or len(set(self.layers)) < len(self.layers):
+            raise ValueError(f"layers must be at most 8 different layers, got {list(self.layers)}.")
 
 
 @dataclass
 class Positions:
     """Every trainable position of a set of texts: what the head reads, and what it should predict."""
 
-    hidden: torch.Tensor  # [N, H] bfloat16 h_t
+    hidden: torch.Tensor  # [N, L*H] bfloat16 h_t, the layers' states concatenated
     inputs: torch.Tensor  # [N, K] int64 x_{t+1} ... x_{t+K} (0 past the end)
     argmax: torch.Tensor  # [N, K] int64 the target's argmax at t+1 ... t+K (IGNORE past the end)
     follows: torch.Tensor  # [N, K] bool the text went on with that argmax (x_{t+k+1} == argmax_{t+k})
@@ -59,11 +77,14 @@ class Positions:
     top_ids: torch.Tensor  # [N, K, A] int64
 
 
-def read_positions(chunks: list[Path], depth: int) -> Positions:
-    """Positions t from each text's last prompt token to its second-to-last token."""
+def read_positions(chunks: list[Path], layers: tuple[int, ...], depth: int) -> Positions:
+    """Positions t from each text's last prompt token to its second-to-last token (data.write_features wrote the
+    chunks' features for these layers, as indices into hidden_states)."""
     columns: dict[str, list[torch.Tensor]] = {name: [] for name in Positions.__dataclass_fields__}
     for path in chunks:
-        record = torch.load(path, weights_only=True)
+        files = features_paths(path, layers)
+        record = torch.load(path, weights_only=True) | torch.load(files["labels"], weights_only=True)["labels"]
+        states = [torch.load(files[f"layer {layer}"], weights_only=True)["hidden"] for layer in layers]
         for b, tokens in enumerate(record["token_ids"]):
             start, length = record["prompt_lengths"][b] - 1, len(tokens)
             if length - start < 2:
@@ -74,7 +95,7 @@ def read_positions(chunks: list[Path], depth: int) -> Positions:
             at = ahead.clamp(max=length - 1)
             argmax = record["argmax"][b].long()
             after = torch.cat([tokens.long(), torch.tensor([-1], device="cpu")])[at + 1]  # x_{t+k+1}; -1 past the end
-            columns["hidden"].append(record["hidden"][b][t])
+            columns["hidden"].append(torch.cat([state[b][t] for state in states], dim=-1))
             columns["inputs"].append(torch.where(inside, tokens.long()[at], 0))
             columns["argmax"].append(torch.where(inside, argmax[at], IGNORE))
             columns["follows"].append(inside & (after == argmax[at]))
@@ -114,13 +135,26 @@ def held_out_acceptance(head: RecurrentHead, positions: Positions, limit: int = 
     return alpha, 1.0 + float((accepted & reached).sum(dim=1).float().mean())
 
 
-def _loss(head: RecurrentHead, batch: dict[str, torch.Tensor], lookup: torch.Tensor, labels: str) -> torch.Tensor:
-    logits = head(batch["hidden"].float(), batch["inputs"])  # [B, K, S]
-    if labels == "argmax":
-        target = lookup[batch["argmax"].clamp(min=0)].masked_fill(batch["argmax"] < 0, IGNORE)  # [B, K] in S
+def training_loss(head: RecurrentHead, batch: dict[str, torch.Tensor], lookup: torch.Tensor, settings: FitSettings):
+    """Teacher forcing: every position reads the text's tokens. Drafts (training-time test): positions 2..K read the
+    head's own greedy drafts, and a position is trained only where the drafts before it were the target's argmax and
+    the text went on with them (elsewhere the label was made in another context, and drafting never gets there).
+    Both: the mean of the two."""
+    if settings.unroll == "both":
+        halves = [replace(settings, unroll=unroll) for unroll in ("teacher", "drafts")]
+        return sum(training_loss(head, batch, lookup, half) for half in halves) / 2
+    drafts = settings.unroll == "drafts"
+    logits = head(batch["hidden"].float(), batch["inputs"], own_drafts=drafts)  # [B, K, S]
+    valid = batch["argmax"] >= 0  # [B, K]
+    if drafts:
+        drafted = head.vocabulary[logits.argmax(dim=-1)]  # [B, K]
+        goes_on = ((drafted == batch["argmax"]) & batch["follows"]).long().cumprod(dim=1)
+        valid &= torch.cat([torch.ones_like(goes_on[:, :1]), goes_on[:, :-1]], dim=1).bool()
+    if settings.labels == "argmax":
+        target = lookup[batch["argmax"].clamp(min=0)].masked_fill(~valid, IGNORE)  # [B, K] in S
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
     index = lookup[batch["top_ids"]]  # [B, K, A] in S, or IGNORE off the sub-vocabulary
-    weights = batch["top_probs"].float() * (index >= 0) * (batch["argmax"] >= 0)[..., None]
+    weights = batch["top_probs"].float() * (index >= 0) * valid[..., None]
     log_q = logits.log_softmax(dim=-1).gather(-1, index.clamp(min=0))  # [B, K, A]
     return -(weights * log_q).sum() / weights.sum().clamp(min=1e-9)
 
@@ -144,7 +178,8 @@ def fit(
     """Train a head, resuming from `checkpoint` when it was made with the same settings."""
     torch.manual_seed(settings.seed)
     vocabulary = sub_vocabulary(train, settings.vocabulary_size, target.get_output_embeddings().weight.shape[0])
-    head = RecurrentHead(target, vocabulary.to(target.device), settings.num_blocks).to(target.device).float()
+    head = RecurrentHead(target, vocabulary.to(target.device), settings.num_blocks, settings.layers)
+    head = head.to(target.device).float()
     device = head.output_rows.device
     lookup = torch.full((head.embedding.shape[0],), IGNORE, dtype=torch.long, device=device)  # target id -> S
     lookup[vocabulary.to(device)] = torch.arange(len(vocabulary), device=device)
@@ -160,14 +195,14 @@ def fit(
             scheduler.load_state_dict(saved["scheduler"])
             generator.set_state(saved["generator"])
             curves, first_step = saved["curves"], saved["step"]
-    batch_names = ("hidden", "inputs", "argmax", "top_probs", "top_ids")
+    batch_names = ("hidden", "inputs", "argmax", "follows", "top_probs", "top_ids")
     losses: list[float] = []
     bar = tqdm(range(first_step, settings.steps), desc="training the head", unit="step", initial=first_step,
                total=settings.steps)  # fmt: skip
     for step in bar:
         chosen = torch.randint(len(train.hidden), (settings.batch_size,), generator=generator, device=generator.device)
         batch = {name: getattr(train, name)[chosen].to(device) for name in batch_names}
-        loss = _loss(head, batch, lookup, settings.labels)
+        loss = training_loss(head, batch, lookup, settings)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -1,19 +1,19 @@
-"""`train-drafter` from end to end: load the target, have it write its texts (cached), fit the head (checkpointed),
-and write the head file and its curves."""
+"""`train-drafter` from end to end: load the target, have it write its texts and read them back for the layers the head
+reads (both cached), fit the head (checkpointed), and write the head file and its curves."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from specdemo.drafters.recurrent import save_head, target_fingerprint
+from specdemo.drafters.recurrent import layer_indices, save_head, target_fingerprint
 from specdemo.models.loading import LoadedModel, Progress
 from specdemo.training.curves import draw_curves
-from specdemo.training.data import DataSettings, write_texts
-from specdemo.training.fit import FitSettings, fit, read_positions
+from specdemo.training.data import DataSettings, write_features, write_texts
+from specdemo.training.fit import FitSettings, default_layers, fit, read_positions
 
 
 def train_drafter(
@@ -30,18 +30,23 @@ def train_drafter(
     target_name = target.name
     fingerprint = target_fingerprint(target.model)
     cache = cache / f"{target_name.replace('/', '--')}-{fingerprint}-{target.model.dtype}".replace("torch.", "")
+    layers = layer_indices(target.model, settings.layers or default_layers(target.model))
+    settings = replace(settings, layers=layers)
     chunks = write_texts(target, data, cache)
     texts_seconds = time.perf_counter() - started
+    write_features(target, chunks, layers)
+    features_seconds = time.perf_counter() - started - texts_seconds
     held_out_chunks = max(1, -(-settings.held_out_texts // data.batch_size))
     if held_out_chunks >= len(chunks):
         raise ValueError(
             f"{settings.held_out_texts} held-out texts leave nothing to train on among {data.num_texts}: write more "
             "--texts, or hold out fewer."
         )
-    train = read_positions(chunks[:-held_out_chunks], settings.depth)
-    held_out = read_positions(chunks[-held_out_chunks:], settings.depth)
+    train = read_positions(chunks[:-held_out_chunks], layers, settings.depth)
+    held_out = read_positions(chunks[-held_out_chunks:], layers, settings.depth)
     progress(f"{len(train.hidden):,} training positions, {len(held_out.hidden):,} held out.")
-    head, curves = fit(target.model, train, held_out, settings, cache / f"checkpoint-{settings.labels}.pt")
+    name = f"{settings.labels}-{settings.unroll}-{'-'.join(map(str, layers))}"
+    head, curves = fit(target.model, train, held_out, settings, cache / f"checkpoint-{name}.pt")
     summary: dict[str, object] = dict(
         target=target_name,
         dtype=str(target.model.dtype).removeprefix("torch."),
@@ -50,6 +55,7 @@ def train_drafter(
         training_positions=len(train.hidden),
         held_out_positions=len(held_out.hidden),
         texts_seconds=round(texts_seconds, 1),
+        features_seconds=round(features_seconds, 1),
         seconds=round(time.perf_counter() - started, 1),
         held_out_alpha=curves.alpha[-1],
         held_out_tokens_per_pass=curves.tokens_per_pass[-1],
@@ -57,8 +63,11 @@ def train_drafter(
     )
     save_head(head, output, fingerprint, summary)
     if curves_path is not None:
-        title = f"recurrent head for {target_name}: {len(train.hidden):,} positions, {settings.labels} labels"
+        title = (
+            f"recurrent head for {target_name}: {len(train.hidden):,} positions, layers {list(layers)}, "
+            f"{settings.labels} labels, {settings.unroll} unroll"
+        )
         draw_curves(curves, curves_path, title)
     progress(f"Wrote {output} ({output.stat().st_size / 1e6:.1f} MB) in {summary['seconds']} s.")
-    torch.save(curves, cache / f"curves-{settings.labels}.pt")
+    torch.save(curves, cache / f"curves-{name}.pt")
     return summary

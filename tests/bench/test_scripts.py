@@ -55,11 +55,20 @@ def run_script(name: str, argv: list[str]) -> object:
         ("recurrent", ["--max-new-tokens", "6", "--seeds", "0", "--head", "HEAD", "--runs", "head W=1", "hybrid"]),
         ("spin_count", ["--rounds", "1", "--steps", "2", "--prompt-tokens", "8", "--settings", "default", "2000"]),
         ("cuda_graphs", ["--steps", "3", "--repeats", "1", "--prompt-tokens", "8", "--compile-check"]),
+        ("text_speed", ["--texts", "4", "--new-tokens", "16", "--settings", "float32:2", "float32:4"]),
+        (
+            "head_layers",
+            ["--texts", "64", "--new-tokens", "16", "--steps", "3", "--variants", "1:teacher", "0,1:drafts"],
+        ),
+        ("hybrid_floor", ["--max-new-tokens", "6", "--repeats", "1", "--costs", "linear"]),
     ],
 )
 def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
     model, prompts = tiny
-    prompt_flags = [] if name in ("phases", "head_cost", "spin_count", "cuda_graphs") else ["--prompts", str(prompts)]
+    own_prompts = ("phases", "head_cost", "spin_count", "cuda_graphs", "text_speed", "head_layers")
+    prompt_flags = [] if name in own_prompts else ["--prompts", str(prompts)]
+    if name == "head_layers":
+        prompt_flags = ["--cache", str(model.parent / "layers-cache")]
     options = [str(head_path(str(model))) if option == "HEAD" else option for option in options]
     assert run_script(name, ["--model", str(model), "--dtype", "float32", *prompt_flags, *options])
     assert capsys.readouterr().out.strip()

@@ -22,6 +22,7 @@ from specdemo.training.data import DataSettings, check_disk
         (["--vocabulary-size", "3"], "vocabulary-size must be between 16 and"),
         (["--batch-size", "0"], "batch-size must be between 1 and"),
         (["--target", "gpt-17"], "'gpt-17' is not a valid model id"),
+        (["--layers", "8", "8", "-1"], "layers must be at most 8 different layers, got [8, 8, -1]."),
     ],
 )
 def test_train_drafter_settings_out_of_range_exit_2_with_one_sentence(arguments, message, capsys):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.planning import PassCosts
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters.base import DraftRequest
 from specdemo.drafters.hybrid import HybridDrafter
@@ -58,10 +59,12 @@ def test_q_is_zero_off_the_sub_vocabulary_and_only_sub_vocabulary_tokens_are_dra
 
 def head_draws(head, width: int, copy: bool):
     """draw_candidates for test_candidates' Markov chain, by the head: the previous token is the token the target
-    chose, its embedding the state; W sampled beams, after a copy (previous + 1, ...) with a one-hot q if `copy`."""
+    chose, its embedding the state of each layer the head reads (scaled apart); W sampled beams, after a copy
+    (previous + 1, ...) with a one-hot q if `copy`."""
 
     def draw(previous, draft_table, num_candidates, depth, deterministic, generator):
-        states = head.embedding[previous]  # [N, H]
+        embedded = head.embedding[previous]  # [N, H]
+        states = torch.cat([embedded * (i + 1) for i in range(len(head.shape.layers))], dim=-1)  # [N, L*H]
         uniforms = torch.rand(len(previous), width, depth, dtype=torch.float64, generator=generator)
         with torch.no_grad():
             ids, q = head.sample_beams(states, previous, uniforms, torch.ones(len(previous)))  # [N, W, K], .. S]
@@ -78,9 +81,10 @@ def head_draws(head, width: int, copy: bool):
 @pytest.mark.slow  # N = 200,000 twice: make test runs it, make test-fast (under a minute) does not
 @pytest.mark.parametrize("copy", [False, True], ids=["rnn-beams", "hybrid-copy-and-beams"])
 def test_the_rule_with_sampled_rnn_beams_follows_the_target(copy):
-    """N = 200,000 runs of rounds of the Markov target of test_candidates, drafted by a head over 6 of its 8 tokens
-    (q = 0 for 6 and 7), W = 2 beams, K = 3; with `copy` a deterministic copy is tried first, as the hybrid does."""
-    head = tiny_recurrent_head(tiny_model(5, vocab_size=V), seed=3, vocabulary_size=6)
+    """N = 200,000 runs of rounds of the Markov target of test_candidates, drafted by a head that fuses two layers, over
+    6 of its 8 tokens (q = 0 for 6 and 7), W = 2 beams, K = 3; with `copy` a deterministic copy is tried first, as the
+    hybrid does."""
+    head = tiny_recurrent_head(tiny_model(5, vocab_size=V), seed=3, vocabulary_size=6, layers=(1, -1))
     counts = emitted_counts(verify_rule, 3 if copy else 2, 3, False, draw=head_draws(head, 2, copy))
     ok, stats = follows_target(counts)
     assert ok, f"(chi-square p, TV) per position: {stats}"
@@ -118,12 +122,34 @@ def test_a_head_for_other_weights_or_a_damaged_one_is_refused_in_one_sentence(ti
         load_head(tiny_target, tmp_path / "missing.pt")
 
 
+def test_an_older_head_or_one_for_other_layers_is_refused_in_one_sentence(tiny_target, tiny_trained_head, tmp_path):
+    """A head file of format 1 (it read the final state alone), one naming layers this target has not, and one whose
+    fusion was trained for another number of layers are each refused, naming train-drafter; never misread."""
+    path = tmp_path / "head.pt"
+    save_head(tiny_trained_head, path, target_fingerprint(tiny_target), {})
+    record = torch.load(path, weights_only=True)
+    assert load_head(tiny_target, path).shape.layers == tiny_trained_head.shape.layers
+    cases = [
+        ({"format": "specdemo-recurrent-head/1"}, r"made by another version of specdemo \(specdemo-recurrent-head/1"),
+        ({"layers": [1, 7]}, r"layers \[1, 7\] are not among the target's hidden states 0\.\.2"),
+        ({"layers": [2]}, r"is damaged or not a head file .*fuse"),
+    ]
+    for change, message in cases:
+        torch.save(record | change, path)
+        with pytest.raises(ValueError, match=message) as refusal:
+            load_head(tiny_target, path)
+        assert "`python -m specdemo train-drafter`" in str(refusal.value) and "\n" not in str(refusal.value)
+
+
 @pytest.mark.parametrize("num_candidates", [1, 3])
 def test_the_engine_hands_the_head_the_targets_state_at_the_last_accepted_position(
     tiny_target, tiny_trained_head, num_candidates
 ):
-    """After every round (a row batched with another, sampled), the state a row keeps is the target's final hidden
-    state over its sequence but the last token, computed alone: the state whose logits chose that token."""
+    """After every round (a row batched with another, sampled), the state a row keeps is the target's hidden states of
+    the layers the head reads (an early one and the final one, concatenated) over its sequence but the last token,
+    computed alone: the states whose logits chose that token."""
+    layers = tiny_trained_head.shape.layers
+    assert len(layers) == 2 and layers[-1] == tiny_target.config.num_hidden_layers, layers
     decoder = BatchDecoder(tiny_target, RecurrentDrafter(tiny_trained_head, TINY_VOCAB), EOS)
     spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=24, num_candidates=num_candidates)
     decoder.add("a", PROMPT[0].tolist(), SamplingConfig(temperature=0.8, seed=1), spec)
@@ -137,7 +163,8 @@ def test_the_engine_hands_the_head_the_targets_state_at_the_last_accepted_positi
                 continue
             with torch.no_grad():
                 alone = tiny_target(torch.tensor([row.sequence_ids[:-1]]), output_hidden_states=True)
-            assert torch.allclose(row.hidden_state, alone.hidden_states[-1][0, -1], atol=1e-9), key
+            expected = torch.cat([alone.hidden_states[layer][0, -1] for layer in layers])
+            assert torch.allclose(row.hidden_state, expected, atol=1e-9), key
     assert accepted > 0
 
 
@@ -159,3 +186,29 @@ def test_the_hybrid_proposes_at_most_w_candidates_and_greedy_is_target_only(tiny
         assert {("copy",), ("head",)} <= set(sources), sources
     else:
         assert ("copy", "head") in sources or ("head", "copy") in sources, sources
+
+
+STEEP = PassCosts.from_seconds({n: float(n) for n in (1, 2, 4, 8, 16, 32)})  # t(n) = n t(1): no draft can pay
+
+
+@pytest.mark.parametrize("costs", ["steep", "free"])
+def test_the_hybrids_head_runs_only_where_and_as_deep_as_its_draft_could_pay(tiny_target, tiny_trained_head, costs):
+    """Where a pass costs in proportion to its tokens (a machine where drafting does not pay), no draft is worth its
+    tokens: the head never runs and every round is a one-token step, as cheap as the target's own. Where passes are
+    free, the head runs on every round that has a state, at the full depth. Greedy, the text is the target's."""
+    prompt = torch.tensor([[0, 5, 9, 12, 7, 5, 9, 12, 7, 5, 9]])
+    planned = STEEP if costs == "steep" else FREE
+    head = RecurrentDrafter(tiny_trained_head, TINY_VOCAB)
+    asked: list[list[int]] = []  # the depths the head was asked for, per call
+    propose = head.propose
+    head.propose = lambda requests: asked.append([r.num_draft_tokens for r in requests]) or propose(requests)
+    drafter = HybridDrafter(SuffixDrafter(lambda n: planned, cache_tokens=0), head, lambda n: planned, TINY_VOCAB)
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=30, num_candidates=2)
+    rounds = list(speculative_generate(tiny_target, drafter, prompt, SamplingConfig(), spec, EOS))
+    alone = list(autoregressive_generate(tiny_target, prompt, SamplingConfig(), 30, EOS))
+    assert emitted_ids(rounds) == emitted_ids(alone)
+    if costs == "steep":
+        assert asked == [] and all(not r.candidates for r in rounds)
+    else:
+        kept = sum("head" in [c.source for c in r.candidates] for r in rounds)  # all but the first and last
+        assert kept >= len(rounds) - 2 and asked == [[4]] * kept, (asked, kept)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from specdemo.drafters.recurrent import load_head
+from specdemo.drafters.recurrent import RecurrentHead, load_head
 from specdemo.models.loading import LoadedModel
-from specdemo.training.data import DataSettings
-from specdemo.training.fit import FitSettings, read_positions
+from specdemo.training.data import TEXTS_FORMAT, DataSettings, features_paths, write_features, write_texts
+from specdemo.training.fit import FitSettings, read_positions, training_loss
 from specdemo.training.run import train_drafter
 from tests.helpers import tiny_model, word_tokenizer
 
@@ -31,11 +31,77 @@ def test_a_tiny_head_learns_the_targets_next_tokens_well_beyond_chance(tmp_path)
     summary = train_drafter(target, data, settings, tmp_path / "cache", output, tmp_path / "curves.png", print)
     alpha = summary["held_out_alpha"]
     # Chance: always drafting the label the target predicts most often in the held-out texts.
+    head = load_head(target.model, output)
     chunks = sorted((tmp_path / "cache").glob("*/texts-*.pt"))
-    labels = read_positions(chunks[-1:], 1).argmax[:, 0]
+    labels = read_positions(chunks[-1:], head.shape.layers, 1).argmax[:, 0]
     chance = float(torch.bincount(labels[labels >= 0]).max() / (labels >= 0).sum())
     print(summary, chance)
     assert alpha[0] >= chance + 0.2, f"first-position α {alpha[0]:.2f} against chance {chance:.2f}"
     assert (tmp_path / "curves.png").stat().st_size > 1000
-    head = load_head(target.model, output)
     assert len(head.vocabulary) == 48
+
+
+def test_cache_files_of_an_older_format_other_texts_or_other_settings_are_written_again(tmp_path):
+    """An interrupted or earlier run's cache is reused only where it is what this run would write: a chunk of the
+    older format (texts and final states in one file), labels made from other texts, and texts written with other
+    settings are each written again, and the positions read are those of a fresh cache."""
+    target = tiny_target()
+    data = DataSettings(num_texts=16, max_new_tokens=16, batch_size=8, temperature=0.0)
+    layers = (1, 2)
+
+    def positions(cache):
+        paths = write_texts(target, data, cache)
+        write_features(target, paths, layers)
+        return paths, read_positions(paths, layers, 2)
+
+    paths, fresh = positions(tmp_path / "fresh")
+    cache = tmp_path / "cache"
+    positions(cache)
+    old = torch.load(paths[0], weights_only=True)
+    old_chunk = {"prompt_lengths": old["prompt_lengths"], "token_ids": old["token_ids"][::-1],
+                 "hidden": [torch.zeros(len(t), 32) for t in old["token_ids"]]}  # fmt: skip
+    torch.save(old_chunk, cache / paths[0].name)
+    labels = features_paths(cache / paths[1].name, layers)["labels"]
+    record = torch.load(labels, weights_only=True)
+    record["labels"]["argmax"] = [torch.zeros_like(argmax) for argmax in record["labels"]["argmax"]]
+    torch.save(record | {"source": "other texts"}, labels)
+    _, again = positions(cache)
+    assert torch.load(cache / paths[0].name, weights_only=True)["format"] == TEXTS_FORMAT
+    for name in ("hidden", "inputs", "argmax", "follows"):
+        assert torch.equal(getattr(again, name), getattr(fresh, name)), name
+    data = DataSettings(num_texts=16, max_new_tokens=24, batch_size=8, temperature=0.0)
+    _, longer = positions(cache)
+    assert len(longer.inputs) > len(fresh.inputs)
+
+
+def test_training_as_it_drafts_reads_its_own_drafts_and_trains_only_positions_drafting_reaches():
+    """own_drafts: step k reads the head's own argmax of step k-1, not the text's token. The drafts loss trains a
+    position only where the drafts before it were the target's argmax and the text went on with them: changing the
+    label of a position after a wrong draft changes nothing, where teacher forcing's loss changes."""
+    target = tiny_target()
+    head = RecurrentHead(target.model, torch.arange(VOCAB), layers=(1, -1)).float()
+    generator = torch.Generator().manual_seed(0)
+    n, depth = 64, 3
+    states = torch.randn(n, 2 * target.model.config.hidden_size, generator=generator)
+    inputs = torch.randint(2, VOCAB, (n, depth), generator=generator)
+    with torch.no_grad():
+        logits = head(states, inputs, own_drafts=True)
+        fused, rnn, token = head.read(states), torch.zeros(n, head.shape.hidden_size), inputs[:, 0]
+        for k in range(depth):
+            rnn, step = head.rnn_drafter(fused, rnn, token)
+            assert torch.allclose(logits[:, k], step), k
+            token = head.vocabulary[step.argmax(dim=-1)]
+        assert not torch.allclose(head(states, inputs), logits), "teacher forcing read the same tokens"
+    drafts = head.vocabulary[logits.argmax(dim=-1)]  # [n, K]
+    argmax = drafts.clone()
+    argmax[: n // 2, 0] = (drafts[: n // 2, 0] + 1) % VOCAB  # the first half's first draft is wrong
+    batch = dict(hidden=states, inputs=inputs, argmax=argmax, follows=torch.ones(n, depth, dtype=torch.bool),
+                 top_probs=torch.ones(n, depth, 8), top_ids=torch.zeros(n, depth, 8, dtype=torch.long))  # fmt: skip
+    lookup = torch.arange(VOCAB)
+    changed = dict(batch, argmax=argmax.clone())
+    changed["argmax"][: n // 2, 1:] = (argmax[: n // 2, 1:] + 1) % VOCAB  # labels drafting never reaches
+    with torch.no_grad():
+        for unroll, same in (("drafts", True), ("teacher", False)):
+            settings = FitSettings(unroll=unroll, depth=depth)
+            before, after = training_loss(head, batch, lookup, settings), training_loss(head, changed, lookup, settings)
+            assert torch.isclose(before, after) == same, unroll
