@@ -78,9 +78,10 @@ def _save(record: dict, path: Path) -> None:
     partial.replace(path)
 
 
-def write_texts(target: LoadedModel, settings: DataSettings, cache: Path) -> list[Path]:
-    """Every chunk of texts (token ids), written now or found from an earlier run."""
-    check_disk(cache, settings, target.model.config.hidden_size)
+def write_texts(target: LoadedModel, settings: DataSettings, cache: Path, num_layers: int = 1) -> list[Path]:
+    """Every chunk of texts (token ids), written now or found from an earlier run; first, one sentence if the disk
+    cannot hold them with the features of `num_layers` layers."""
+    check_disk(cache, settings, target.model.config.hidden_size, num_layers)
     texts = instructions(settings.num_texts, settings.seed)  # a run with fewer texts shares the first chunks
     paths = chunk_paths(cache, settings)
     made = written_with(settings)
@@ -121,7 +122,6 @@ def source_of(token_ids: list[torch.Tensor]) -> str:
 
 def write_features(target: LoadedModel, text_paths: list[Path], layers: tuple[int, ...]) -> None:
     """Each text chunk's labels and the states of `layers` (indices into hidden_states), written where missing."""
-    check_disk(text_paths[0].parent, DataSettings(num_texts=16), target.model.config.hidden_size, len(layers))
     todo = []
     for path in text_paths:
         texts = torch.load(path, weights_only=True)

@@ -32,7 +32,7 @@ def train_drafter(
     cache = cache / f"{target_name.replace('/', '--')}-{fingerprint}-{target.model.dtype}".replace("torch.", "")
     layers = layer_indices(target.model, settings.layers or default_layers(target.model))
     settings = replace(settings, layers=layers)
-    chunks = write_texts(target, data, cache)
+    chunks = write_texts(target, data, cache, len(layers))
     texts_seconds = time.perf_counter() - started
     write_features(target, chunks, layers)
     features_seconds = time.perf_counter() - started - texts_seconds
