@@ -46,7 +46,8 @@ def train_drafter(
     held_out = read_positions(chunks[-held_out_chunks:], layers, settings.depth)
     progress(f"{len(train.hidden):,} training positions, {len(held_out.hidden):,} held out.")
     name = f"{settings.labels}-{settings.unroll}-{'-'.join(map(str, layers))}"
-    head, curves = fit(target.model, train, held_out, settings, cache / f"checkpoint-{name}.pt")
+    made_from = f"{asdict(data)}, {len(train.hidden)} positions"
+    head, curves = fit(target.model, train, held_out, settings, cache / f"checkpoint-{name}.pt", made_from=made_from)
     summary: dict[str, object] = dict(
         target=target_name,
         dtype=str(target.model.dtype).removeprefix("torch."),

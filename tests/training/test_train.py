@@ -7,7 +7,7 @@ import torch
 from specdemo.drafters.recurrent import RecurrentHead, load_head
 from specdemo.models.loading import LoadedModel
 from specdemo.training.data import TEXTS_FORMAT, DataSettings, features_paths, write_features, write_texts
-from specdemo.training.fit import FitSettings, read_positions, training_loss
+from specdemo.training.fit import FitSettings, Positions, fit, read_positions, training_loss
 from specdemo.training.run import train_drafter
 from tests.helpers import tiny_model, word_tokenizer
 
@@ -105,3 +105,27 @@ def test_training_as_it_drafts_reads_its_own_drafts_and_trains_only_positions_dr
             settings = FitSettings(unroll=unroll, depth=depth)
             before, after = training_loss(head, batch, lookup, settings), training_loss(head, changed, lookup, settings)
             assert torch.isclose(before, after) == same, unroll
+
+
+def test_a_checkpoint_of_other_texts_is_not_resumed(tmp_path):
+    """fit resumes a checkpoint only when it was made from the same texts (made_from), not merely the same settings:
+    a finished run on other texts would otherwise be handed back as this one's head."""
+    target = tiny_target().model
+    hidden = target.config.hidden_size
+
+    def positions(seed: int) -> Positions:
+        generator = torch.Generator().manual_seed(seed)
+        argmax = torch.randint(2, VOCAB, (256, 2), generator=generator)
+        return Positions(hidden=torch.randn(256, hidden, generator=generator).bfloat16(),
+                         inputs=torch.randint(2, VOCAB, (256, 2), generator=generator), argmax=argmax,
+                         follows=torch.ones(256, 2, dtype=torch.bool), top_probs=torch.ones(256, 2, 8).half(),
+                         top_ids=argmax[..., None].expand(-1, -1, 8).clone())  # fmt: skip
+
+    settings = FitSettings(steps=8, batch_size=32, depth=2, vocabulary_size=VOCAB, layers=(-1,))
+    first, other = positions(0), positions(1)
+    fit(target, first, first, settings, tmp_path / "checkpoint.pt", evaluate_every=4, made_from="first texts")
+    resumed, _ = fit(target, other, other, settings, tmp_path / "checkpoint.pt", evaluate_every=4,
+                     made_from="other texts")  # fmt: skip
+    fresh, _ = fit(target, other, other, settings, tmp_path / "fresh.pt", evaluate_every=4, made_from="other texts")
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], tensor), name
