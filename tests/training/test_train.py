@@ -55,6 +55,13 @@ def test_cache_files_of_an_older_format_other_texts_or_other_settings_are_writte
         return paths, read_positions(paths, layers, 2)
 
     paths, fresh = positions(tmp_path / "fresh")
+    expected = []  # each text's states from its last prompt token to its second-to-last token, layer by layer
+    for path in paths:
+        texts, files = torch.load(path, weights_only=True), features_paths(path, layers)
+        states = [torch.load(files[f"layer {layer}"], weights_only=True)["hidden"] for layer in layers]
+        for b, (start, tokens) in enumerate(zip(texts["prompt_lengths"], texts["token_ids"], strict=True)):
+            expected += [torch.cat([state[b][start - 1 : len(tokens) - 1] for state in states], dim=-1)]
+    assert torch.equal(fresh.hidden, torch.cat(expected))
     cache = tmp_path / "cache"
     positions(cache)
     old = torch.load(paths[0], weights_only=True)
