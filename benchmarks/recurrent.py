@@ -16,9 +16,10 @@ from common import load, parser
 
 from specdemo.bench.prompts import PROMPTS, read_prompts_file
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.planning import PassCosts
 from specdemo.core.stats import run_stats
 from specdemo.drafters.hybrid import HybridDrafter
-from specdemo.drafters.recurrent import RecurrentDrafter, load_head
+from specdemo.drafters.recurrent import RecurrentDrafter, cached_head, head_path, load_head
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.costs import pass_costs
 from specdemo.engine.decoding import speculative_generate
@@ -34,14 +35,20 @@ RUNS = (  # (label, drafter kind, W)
 )
 
 
-def fresh_drafter(kind: str, target, head):
-    """A drafter with no memory of other prompts; the recurrent kinds with `head` where one is given."""
-    if head is None or kind not in ("recurrent", "hybrid"):
+# The planner's pass costs t(n) / t(1) on an NVIDIA H200 in bfloat16 (../shared/PLATFORM.md: the planner's rounds
+# 1.01 up to 8 tokens, 1.04 at 12-16, 1.84 at 24): where verifying is nearly free and tokens per pass is speed.
+H200_COSTS = PassCosts.from_seconds({1: 1.0, 2: 1.01, 4: 1.01, 8: 1.01, 12: 1.04, 16: 1.04, 24: 1.84, 32: 2.45})
+
+
+def fresh_drafter(kind: str, target, head, costs_name: str):
+    """A drafter with no memory of other prompts; the recurrent kinds with `head` where one is given, the hybrid
+    planning with this machine's pass costs or the H200's."""
+    if kind not in ("recurrent", "hybrid") or (head is None and costs_name == "measured"):
         return build_drafter(kind, target)
-    recurrent = RecurrentDrafter(head, target.vocab_size)
+    recurrent = RecurrentDrafter(head or cached_head(target.model, head_path(target.name)), target.vocab_size)
     if kind == "recurrent":
         return recurrent
-    costs = partial(pass_costs, target.model)
+    costs = partial(pass_costs, target.model) if costs_name == "measured" else lambda n: H200_COSTS
     return HybridDrafter(SuffixDrafter(costs), recurrent, costs, target.vocab_size)
 
 
@@ -49,7 +56,7 @@ def one_run(target, kind: str, width: int, prompt_ids, sampling: SamplingConfig,
     spec = SpeculativeConfig(
         num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens, num_candidates=width
     )
-    drafter = fresh_drafter(kind, target, head)
+    drafter = fresh_drafter(kind, target, head, args.costs)
     rounds = list(speculative_generate(target.model, drafter, prompt_ids, sampling, spec, target.eos_token_ids))
     stats = run_stats(rounds)
     verified = [1 + sum(len(c.token_ids) for c in r.candidates) for r in rounds]
@@ -85,6 +92,12 @@ def main(argv: list[str] | None = None) -> dict:
     flags.add_argument("--temperature", type=float, default=0.7, help="the sampled runs' temperature")
     flags.add_argument("--seeds", type=int, default=2, help="sampled runs per prompt")
     flags.add_argument("--head", type=Path, help="a head file to measure instead of the shipped one")
+    flags.add_argument(
+        "--costs",
+        choices=["measured", "h200"],
+        default="measured",
+        help="the hybrid's pass costs: this machine's, or an H200's (nearly flat: tokens per pass is speed there)",
+    )
     flags.add_argument("--runs", nargs="+", choices=[label for label, _, _ in RUNS], help="some runs only")
     args = flags.parse_args(argv)
     target = load(args)

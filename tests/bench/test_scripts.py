@@ -15,6 +15,7 @@ from specdemo.drafters.recurrent import head_path
 from tests.helpers import save_tiny_model, train_tiny_head, word_tokenizer
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks"
+RECIPE = "--texts 64 --new-tokens 16 --layers 0,1 --train 0-0 --held-out 1-1 --steps 3 --noise 0.2 --greedy 0-0".split()
 WORDS = ["<unk>", "</s>", "copy", "this", "list", "apples", "bread", "milk", "and", "then", "write", "a", "poem"]
 
 
@@ -61,14 +62,19 @@ def run_script(name: str, argv: list[str]) -> object:
             ["--texts", "64", "--new-tokens", "16", "--steps", "3", "--variants", "1:teacher", "0,1:drafts"],
         ),
         ("hybrid_floor", ["--max-new-tokens", "6", "--repeats", "1", "--costs", "linear"]),
+        ("recurrent", ["--max-new-tokens", "6", "--seeds", "0", "--costs", "h200", "--runs", "hybrid"]),
+        (
+            "head_recipe",
+            RECIPE,
+        ),
     ],
 )
 def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
     model, prompts = tiny
-    own_prompts = ("phases", "head_cost", "spin_count", "cuda_graphs", "text_speed", "head_layers")
+    own_prompts = ("phases", "head_cost", "spin_count", "cuda_graphs", "text_speed", "head_layers", "head_recipe")
     prompt_flags = [] if name in own_prompts else ["--prompts", str(prompts)]
-    if name == "head_layers":
-        prompt_flags = ["--cache", str(model.parent / "layers-cache")]
+    if name in ("head_layers", "head_recipe"):
+        prompt_flags = ["--cache", str(model.parent / f"{name}-cache")]
     options = [str(head_path(str(model))) if option == "HEAD" else option for option in options]
     assert run_script(name, ["--model", str(model), "--dtype", "float32", *prompt_flags, *options])
     assert capsys.readouterr().out.strip()
