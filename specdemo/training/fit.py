@@ -92,7 +92,7 @@ def read_positions(chunks: list[Path], layers: tuple[int, ...], depth: int) -> P
         record = record | torch.load(files["labels"], weights_only=True)["labels"]
         states = [torch.load(files[f"layer {layer}"], weights_only=True)["hidden"] for layer in layers]
         if hidden is None:
-            hidden = torch.empty(count, sum(state[0].shape[-1] for state in states), dtype=states[0][0].dtype)
+            hidden = torch.empty(count, sum(s[0].shape[-1] for s in states), dtype=states[0][0].dtype, device="cpu")
         for b, (start, length) in enumerate(chunk):
             if length - start < 2:
                 continue
