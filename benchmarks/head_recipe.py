@@ -97,12 +97,16 @@ def main(argv: list[str] | None = None) -> dict:
         train, held = with_previous(trained, train, layers), with_previous(held_out, held, layers)
         twice = (*layers, *(layer - 1 for layer in layers))  # twice the states to fuse: only their count matters
         settings = replace(settings, layers=twice)
+    plain = fitting.training_loss
     if args.noise:
         fitting.training_loss = noisy_loss(args.noise, target.model.config.hidden_size)
     started = time.perf_counter()
     checkpoint = Path(f"/tmp/head-recipe-{time.time_ns()}.pt")
-    head, curves = fit(target.model, train, held, settings, checkpoint, low_precision=not args.float32_products)
-    checkpoint.unlink()
+    try:
+        head, curves = fit(target.model, train, held, settings, checkpoint, low_precision=not args.float32_products)
+    finally:
+        fitting.training_loss = plain  # never left perturbed for whoever fits next in this process
+        checkpoint.unlink(missing_ok=True)
     row = dict(
         train=args.train, greedy=args.greedy, steps=args.steps, float32_products=args.float32_products,
         noise=args.noise, previous=args.previous, positions=len(train.hidden), held_out_positions=len(held.hidden),

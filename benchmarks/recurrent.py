@@ -37,7 +37,7 @@ RUNS = (  # (label, drafter kind, W)
 
 # The planner's pass costs t(n) / t(1) on an NVIDIA H200 in bfloat16 (../shared/PLATFORM.md: the planner's rounds
 # 1.01 up to 8 tokens, 1.04 at 12-16, 1.84 at 24): where verifying is nearly free and tokens per pass is speed.
-H200_COSTS = PassCosts.from_seconds({1: 1.0, 2: 1.01, 4: 1.01, 8: 1.01, 12: 1.04, 16: 1.04, 24: 1.84, 32: 2.45})
+H200_COSTS = PassCosts.from_seconds({1: 1.0, 2: 1.01, 4: 1.01, 8: 1.01, 12: 1.04, 16: 1.04, 24: 1.84})
 
 
 def fresh_drafter(kind: str, target, head, costs_name: str):

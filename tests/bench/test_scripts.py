@@ -12,6 +12,7 @@ import pytest
 from transformers import LlamaForCausalLM
 
 from specdemo.drafters.recurrent import head_path
+from specdemo.training import fit as fitting
 from tests.helpers import save_tiny_model, train_tiny_head, word_tokenizer
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -76,5 +77,7 @@ def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
     if name in ("head_layers", "head_recipe"):
         prompt_flags = ["--cache", str(model.parent / f"{name}-cache")]
     options = [str(head_path(str(model))) if option == "HEAD" else option for option in options]
+    loss = fitting.training_loss
     assert run_script(name, ["--model", str(model), "--dtype", "float32", *prompt_flags, *options])
     assert capsys.readouterr().out.strip()
+    assert fitting.training_loss is loss, "a script left the training loss replaced for the tests after it"
