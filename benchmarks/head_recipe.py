@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     flags.add_argument("--train", default="0-57", help="the sampled chunks trained on")
     flags.add_argument("--held-out", default="58-59")
     flags.add_argument("--steps", type=int, default=2000)
+    flags.add_argument("--labels", choices=fitting.LABELS, default=FitSettings.labels)
     flags.add_argument("--float32-products", action="store_true")
     flags.add_argument("--noise", type=float, default=0.0)
     flags.add_argument("--previous", action="store_true", help="the previous position's states too")
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         greedy = replace(data, num_texts=count, temperature=0.0, seed=1)
         write_features(target, write_texts(target, greedy, cache / "greedy", len(layers)), layers)
         trained += chunks(cache / "greedy", args.greedy)
-    settings = FitSettings(steps=args.steps, layers=layers)
+    settings = FitSettings(steps=args.steps, layers=layers, labels=args.labels)
     train, held = read_positions(trained, layers, settings.depth), read_positions(held_out, layers, settings.depth)
     if args.previous:
         train, held = with_previous(trained, train, layers), with_previous(held_out, held, layers)
@@ -108,8 +109,9 @@ def main(argv: list[str] | None = None) -> dict:
         fitting.training_loss = plain  # never left perturbed for whoever fits next in this process
         checkpoint.unlink(missing_ok=True)
     row = dict(
-        train=args.train, greedy=args.greedy, steps=args.steps, float32_products=args.float32_products,
-        noise=args.noise, previous=args.previous, positions=len(train.hidden), held_out_positions=len(held.hidden),
+        train=args.train, greedy=args.greedy, steps=args.steps, labels=args.labels,
+        float32_products=args.float32_products, noise=args.noise, previous=args.previous, positions=len(train.hidden),
+        held_out_positions=len(held.hidden),
         alpha=[round(a, 3) for a in curves.alpha[-1]], tokens_per_pass=round(curves.tokens_per_pass[-1], 3),
         tokens_per_pass_curve=[round(t, 3) for t in curves.tokens_per_pass], final_loss=round(curves.loss[-1], 3),
         seconds=round(time.perf_counter() - started),
