@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from specdemo.config import check_int, check_number
 from specdemo.models.loading import LoadedModel, chat_prompt_ids
-from specdemo.training.instructions import SUBJECTS, TASKS, instructions
+from specdemo.training.instructions import SUBJECTS, TASKS, instructions, pool_digest
 
 TOP_ENTRIES = 8  # the target's most probable tokens kept per position, for soft labels
 BYTES_PER_TOKEN_PER_HIDDEN = 2  # hidden states are kept in bfloat16
@@ -32,7 +32,7 @@ FEATURE_BATCH = 16  # texts a teacher-forced pass reads
 class DataSettings:
     """How many texts the target writes, and how."""
 
-    num_texts: int = 1920  # every instruction the package holds: held-out α rose with the texts (docs/)
+    num_texts: int = 1920  # of the 5,760 instructions: held-out α rose with the texts; 31.7 minutes here (docs/)
     max_new_tokens: int = 256
     temperature: float = 0.8  # sampled texts vary more than greedy ones; the labels are the argmax all the same
     batch_size: int = 32  # the fastest measured here (benchmarks/text_speed.py, docs/recurrent-drafter.md)
@@ -102,7 +102,10 @@ def write_texts(target: LoadedModel, settings: DataSettings, cache: Path, num_la
 
 def written_with(settings: DataSettings) -> str:
     """What a chunk's texts depend on besides their instructions: chunks written otherwise are written again."""
-    return f"{settings.max_new_tokens} tokens, T = {settings.temperature}, B = {settings.batch_size}, {settings.seed}"
+    return (
+        f"{settings.max_new_tokens} tokens, T = {settings.temperature}, B = {settings.batch_size}, {settings.seed}, "
+        f"instructions {pool_digest()}"
+    )
 
 
 def features_paths(text_path: Path, layers: tuple[int, ...]) -> dict[str, Path]:

@@ -4,6 +4,7 @@ the benchmarks' prompts, which stay held out."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 TASKS = (
@@ -27,6 +28,48 @@ TASKS = (
     "Describe a typical day of someone who works with {subject}.",
     "Write three quiz questions about {subject}, with answers.",
     "Write a diary entry of a traveller who encounters {subject}.",
+    # 40 more kinds of request (2026-11-26): the head drafted better on held-out answers to these templates than on
+    # prompts unlike them, so the texts now come from a wider pool of kinds, the same 1,920 of them.
+    "I'm nervous about {subject}. Can you give me some advice?",
+    "Write a short speech for a school assembly about {subject}.",
+    "Help me plan a weekend project related to {subject}.",
+    "What would change if {subject} disappeared tomorrow?",
+    "Write a limerick about {subject}.",
+    "Describe {subject} using only simple words.",
+    "Write a letter to your future self about {subject}.",
+    "Create a short FAQ about {subject}.",
+    "Explain {subject} in three sentences.",
+    "Write a bedtime story for a five-year-old about {subject}.",
+    "What questions should I ask an expert on {subject}?",
+    "Is {subject} overrated? Give a balanced opinion.",
+    "Write an encouraging message to a friend who is just starting out with {subject}.",
+    "Outline a blog post about {subject}.",
+    "Describe {subject} to someone who has never seen or heard of it.",
+    "Write a short scene for a play that takes place around {subject}.",
+    "What ethical questions does {subject} raise?",
+    "How does {subject} work? Walk me through it.",
+    "Tell me a surprising fact about {subject} and why it is surprising.",
+    "Suggest five names for a club devoted to {subject}, with a line about each.",
+    "Write a review of an imaginary museum exhibition on {subject}.",
+    "Draft a social media post announcing a community event about {subject}.",
+    "How would you teach {subject} to your grandparents?",
+    "Write a job advertisement for someone who is an expert in {subject}.",
+    "What are the first three things to learn about {subject}, and why?",
+    "Write a thank-you note to a teacher who got you interested in {subject}.",
+    "Imagine {subject} fifty years from now. What has changed?",
+    "Write a short mystery story in which {subject} is the key clue.",
+    "Write a conversation between two friends who disagree about {subject}.",
+    "What are some budget-friendly ways to enjoy {subject}?",
+    "How can a family with young children enjoy {subject} together?",
+    "Which careers are connected to {subject}? Describe two of them.",
+    "Write a slogan and a short pitch for a campaign about {subject}.",
+    "Can you help me write a short introduction to {subject} for my presentation?",
+    "My friend thinks {subject} is boring. How can I change their mind?",
+    "Write a short, funny story about a mix-up involving {subject}.",
+    "Give me a checklist for a beginner's first week with {subject}.",
+    "What is the most important thing people forget about {subject}?",
+    "Write a motivational speech for a team working on {subject}.",
+    "Describe how {subject} might look through the eyes of a cat.",
 )
 
 SUBJECTS = tuple(
@@ -54,3 +97,8 @@ def instructions(count: int, seed: int = 0) -> list[str]:
     assert 0 < count <= len(pairs), f"between 1 and {len(pairs)} instructions"
     random.Random(seed).shuffle(pairs)
     return [task.format(subject=subject) for task, subject in pairs[:count]]
+
+
+def pool_digest() -> str:
+    """A hash of every instruction the package holds: texts written from another pool are another set of texts."""
+    return hashlib.blake2b("\n".join(TASKS + SUBJECTS).encode(), digest_size=6).hexdigest()

@@ -12,7 +12,7 @@ import torch
 from specdemo.drafters.recurrent import layer_indices, save_head, target_fingerprint
 from specdemo.models.loading import LoadedModel, Progress
 from specdemo.training.curves import draw_curves
-from specdemo.training.data import DataSettings, write_features, write_texts
+from specdemo.training.data import DataSettings, write_features, write_texts, written_with
 from specdemo.training.fit import FitSettings, default_layers, fit, read_positions
 
 
@@ -46,7 +46,7 @@ def train_drafter(
     held_out = read_positions(chunks[-held_out_chunks:], layers, settings.depth)
     progress(f"{len(train.hidden):,} training positions, {len(held_out.hidden):,} held out.")
     name = f"{settings.labels}-{settings.unroll}-{'-'.join(map(str, layers))}"
-    made_from = f"{asdict(data)}, {len(train.hidden)} positions"
+    made_from = f"{written_with(data)}, {data.num_texts} texts, {len(train.hidden)} positions"
     head, curves = fit(target.model, train, held_out, settings, cache / f"checkpoint-{name}.pt", made_from=made_from)
     summary: dict[str, object] = dict(
         target=target_name,

@@ -68,13 +68,15 @@ def run_script(name: str, argv: list[str]) -> object:
             "head_recipe",
             RECIPE,
         ),
+        ("head_greedy", ["--held-out", "0-0", "--new-tokens", "16"]),
     ],
 )
 def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
     model, prompts = tiny
-    own_prompts = ("phases", "head_cost", "spin_count", "cuda_graphs", "text_speed", "head_layers", "head_recipe")
+    own_prompts = ("phases", "head_cost", "spin_count", "cuda_graphs", "text_speed", "head_layers", "head_recipe",
+                   "head_greedy")  # fmt: skip
     prompt_flags = [] if name in own_prompts else ["--prompts", str(prompts)]
-    if name in ("head_layers", "head_recipe"):
+    if name in ("head_layers", "head_recipe", "head_greedy"):
         prompt_flags = ["--cache", str(model.parent / f"{name}-cache")]
     options = [str(head_path(str(model))) if option == "HEAD" else option for option in options]
     loss = fitting.training_loss

@@ -142,6 +142,17 @@ def test_a_checkpoint_of_other_texts_is_not_resumed(tmp_path):
         assert torch.equal(resumed.state_dict()[name], tensor), name
 
 
+def test_texts_from_another_instruction_pool_are_written_again(tmp_path, monkeypatch):
+    """The package's instructions are part of what a chunk of texts was written with: after the pool changes (more
+    kinds of request), a cache of the old pool's texts is rewritten, never read as the new pool's."""
+    target = tiny_target()
+    data = DataSettings(num_texts=16, max_new_tokens=16, batch_size=8, temperature=0.0)
+    before = [torch.load(path, weights_only=True)["source"] for path in write_texts(target, data, tmp_path)]
+    monkeypatch.setattr("specdemo.training.data.pool_digest", lambda: "another pool")
+    after = [torch.load(path, weights_only=True)["source"] for path in write_texts(target, data, tmp_path)]
+    assert all("another pool" in source and source not in before for source in after), after
+
+
 class FixedLogits:
     """A stand-in head whose logits are given: training_loss reads only its call and its vocabulary."""
 
