@@ -32,7 +32,7 @@ FEATURE_BATCH = 16  # texts a teacher-forced pass reads
 class DataSettings:
     """How many texts the target writes, and how."""
 
-    num_texts: int = 1920  # of the 5,760 instructions: held-out α rose with the texts; 31.7 minutes here (docs/)
+    num_texts: int = 1920  # of the 5,760 instructions: held-out α rose with the texts; 42.5 minutes here (docs/)
     max_new_tokens: int = 256
     temperature: float = 0.8  # sampled texts vary more than greedy ones; the labels are the argmax all the same
     batch_size: int = 32  # the fastest measured here (benchmarks/text_speed.py, docs/recurrent-drafter.md)
