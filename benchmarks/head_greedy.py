@@ -13,13 +13,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from benchmarks.common import load, parser
 from specdemo.drafters.recurrent import head_path, load_head, target_fingerprint
-from specdemo.models.loading import chat_prompt_ids
 from specdemo.models.offline import cache_root
-from specdemo.training.data import TEXTS_FORMAT, DataSettings, generate_texts, write_features, written_with
+from specdemo.training.data import DataSettings, texts_written, write_chunk, write_features
 from specdemo.training.fit import held_out_acceptance, read_positions
 from specdemo.training.instructions import instructions, pool_digest
 
@@ -33,12 +30,9 @@ def greedy_texts(target, cache: Path, span: str, layers: tuple[int, ...], new_to
     paths = []
     for index in range(first, last + 1):
         path = cache / f"greedy-held-out-{pool_digest()}-{new_tokens}" / f"texts-{index:04d}.pt"  # this pool's
-        if not path.exists():
-            prompts = [chat_prompt_ids(target, text)[0] for text in texts[index * size : (index + 1) * size]]
-            sequences = generate_texts(target, prompts, greedy, seed=0)
+        if not texts_written(path, greedy):
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(dict(format=TEXTS_FORMAT, source=written_with(greedy), prompt_lengths=[len(p) for p in prompts],
-                            token_ids=[s.to(torch.int32).cpu() for s in sequences]), path)  # fmt: skip
+            write_chunk(target, texts[index * size : (index + 1) * size], greedy, path, seed=0)
         paths.append(path)
     write_features(target, paths, layers)
     return paths

@@ -34,7 +34,7 @@ class DataSettings:
 
     num_texts: int = 1920  # of the 5,760 instructions: held-out α rose with the texts; 42.5 minutes here (docs/)
     max_new_tokens: int = 256
-    temperature: float = 0.8  # sampled texts vary more than greedy ones; the labels are the argmax all the same
+    temperature: float = 0.8  # sampled texts vary more than greedy ones; the labels are the target's all the same
     batch_size: int = 32  # the fastest measured here (benchmarks/text_speed.py, docs/recurrent-drafter.md)
     seed: int = 0
 
@@ -84,20 +84,29 @@ def write_texts(target: LoadedModel, settings: DataSettings, cache: Path, num_la
     check_disk(cache, settings, target.model.config.hidden_size, num_layers)
     texts = instructions(settings.num_texts, settings.seed)  # a run with fewer texts shares the first chunks
     paths = chunk_paths(cache, settings)
-    made = written_with(settings)
-    missing = [index for index, path in enumerate(paths) if not _valid(path, TEXTS_FORMAT, made)]
+    missing = [index for index, path in enumerate(paths) if not texts_written(path, settings)]
     for index in tqdm(missing, desc="target writes its texts", unit="chunk", disable=not missing):
         batch = texts[index * settings.batch_size : (index + 1) * settings.batch_size]
-        prompts = [chat_prompt_ids(target, text)[0] for text in batch]
-        sequences = generate_texts(target, prompts, settings, seed=settings.seed * 100_003 + index)
-        record = dict(
-            format=TEXTS_FORMAT,
-            source=made,
-            prompt_lengths=[len(p) for p in prompts],
-            token_ids=[s.to(torch.int32).cpu() for s in sequences],
-        )
-        _save(record, paths[index])
+        write_chunk(target, batch, settings, paths[index], seed=settings.seed * 100_003 + index)
     return paths
+
+
+def texts_written(path: Path, settings: DataSettings) -> bool:
+    """Whether `path` is a complete chunk of texts written with these settings from this pool."""
+    return _valid(path, TEXTS_FORMAT, written_with(settings))
+
+
+def write_chunk(target: LoadedModel, texts: list[str], settings: DataSettings, path: Path, seed: int) -> None:
+    """The target's answers to `texts`, saved as one chunk under its final name once complete."""
+    prompts = [chat_prompt_ids(target, text)[0] for text in texts]
+    sequences = generate_texts(target, prompts, settings, seed=seed)
+    record = dict(
+        format=TEXTS_FORMAT,
+        source=written_with(settings),
+        prompt_lengths=[len(p) for p in prompts],
+        token_ids=[s.to(torch.int32).cpu() for s in sequences],
+    )
+    _save(record, path)
 
 
 def written_with(settings: DataSettings) -> str:

@@ -28,8 +28,8 @@ TASKS = (
     "Describe a typical day of someone who works with {subject}.",
     "Write three quiz questions about {subject}, with answers.",
     "Write a diary entry of a traveller who encounters {subject}.",
-    # 40 more kinds of request (2026-11-26): the head drafted better on held-out answers to these templates than on
-    # prompts unlike them, so the texts now come from a wider pool of kinds, the same 1,920 of them.
+    # 40 more kinds of request (2026-11-27): the head drafted far better on held-out answers to the 20 above than on
+    # prompts unlike them, so the same 1,920 texts now come from three times the kinds (docs/recurrent-drafter.md).
     "I'm nervous about {subject}. Can you give me some advice?",
     "Write a short speech for a school assembly about {subject}.",
     "Help me plan a weekend project related to {subject}.",
