@@ -32,9 +32,9 @@ def greedy_texts(target, cache: Path, span: str, layers: tuple[int, ...], new_to
         path = cache / f"greedy-held-out-{pool_digest()}-{new_tokens}" / f"texts-{index:04d}.pt"  # this pool's
         if not texts_written(path, greedy):
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_chunk(target, texts[index * size : (index + 1) * size], greedy, path, seed=0)
+            write_chunk(target, texts[index * size : (index + 1) * size], greedy, path, seed=0, layers=layers)
         paths.append(path)
-    write_features(target, paths, layers)
+    write_features(target, paths, layers)  # where written for other layers, or by an earlier format
     return paths
 
 

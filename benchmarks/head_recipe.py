@@ -85,12 +85,12 @@ def main(argv: list[str] | None = None) -> dict:
     cache = args.cache / f"{target.name.replace('/', '--')}-{fingerprint}-{args.dtype}"
     layers = layer_indices(target.model, tuple(int(layer) for layer in args.layers.split(",")))
     data = DataSettings(num_texts=args.texts, max_new_tokens=args.new_tokens)
-    write_features(target, write_texts(target, data, cache, len(layers)), layers)
+    write_features(target, write_texts(target, data, cache, layers), layers)
     trained, held_out = chunks(cache, args.train), chunks(cache, args.held_out)
     if args.greedy:
         count = (int(args.greedy.split("-")[1]) + 1) * data.batch_size
         greedy = replace(data, num_texts=count, temperature=0.0, seed=1)
-        write_features(target, write_texts(target, greedy, cache / "greedy", len(layers)), layers)
+        write_features(target, write_texts(target, greedy, cache / "greedy", layers), layers)
         trained += chunks(cache / "greedy", args.greedy)
     settings = FitSettings(steps=args.steps, layers=layers, labels=args.labels)
     train, held = read_positions(trained, layers, settings.depth), read_positions(held_out, layers, settings.depth)

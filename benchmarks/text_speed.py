@@ -1,6 +1,7 @@
 """How fast the target writes train-drafter's texts, by batch size and number format: the answer tokens (up to each
 text's EOS) written per second by Hugging Face `generate`, sampled as train-drafter samples them, on the same
-instructions for every setting.
+instructions for every setting. As train-drafter does, each setting records the features of the default head's layers
+while writing; a setting ending in `:plain` writes the texts alone, to measure what recording costs.
 
     PYTHONPATH=. .venv/bin/python benchmarks/text_speed.py --texts 64 --settings bfloat16:16 bfloat16:32 bfloat16:64
 """
@@ -14,8 +15,10 @@ import torch
 
 from benchmarks.common import parser
 from specdemo import load_model
+from specdemo.drafters.recurrent import layer_indices
 from specdemo.models.loading import chat_prompt_ids
 from specdemo.training.data import DataSettings, generate_texts
+from specdemo.training.fit import default_layers
 from specdemo.training.instructions import instructions
 
 
@@ -24,22 +27,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     flags.add_argument("--texts", type=int, default=64)
     flags.add_argument("--new-tokens", type=int, default=DataSettings.max_new_tokens)
     flags.add_argument("--settings", nargs="+", default=["bfloat16:16", "bfloat16:32", "bfloat16:64"],
-                       help="dtype:batch_size pairs, measured in this order")  # fmt: skip
+                       help="dtype:batch_size[:plain], measured in this order")  # fmt: skip
     args = flags.parse_args(argv)
     texts, rows = instructions(args.texts, 0), []
     for setting in args.settings:
-        dtype_name, batch_size = setting.split(":")
+        dtype_name, batch_size, *plain = setting.split(":")
         target = load_model(args.model, device=torch.device("cpu"), dtype=getattr(torch, dtype_name))
+        layers = () if plain else layer_indices(target.model, default_layers(target.model))
         settings = DataSettings(num_texts=max(16, args.texts), max_new_tokens=args.new_tokens,
                                 batch_size=int(batch_size))  # fmt: skip
         prompts = [chat_prompt_ids(target, text)[0] for text in texts]
         started, written = time.perf_counter(), 0
         for first in range(0, len(prompts), settings.batch_size):
             batch = prompts[first : first + settings.batch_size]
-            sequences = generate_texts(target, batch, settings, seed=first)
+            sequences, _ = generate_texts(target, batch, settings, seed=first, layers=layers)
             written += sum(len(s) - len(p) for s, p in zip(sequences, batch, strict=True))
         seconds = time.perf_counter() - started
-        row = dict(dtype=dtype_name, batch_size=int(batch_size), texts=len(prompts), answer_tokens=written,
+        row = dict(dtype=dtype_name, batch_size=int(batch_size), layers=list(layers), texts=len(prompts),
+                   answer_tokens=written,
                    seconds=round(seconds, 1), tokens_per_second=round(written / seconds, 1))  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)

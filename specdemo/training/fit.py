@@ -18,9 +18,8 @@ from transformers import PreTrainedModel
 
 from specdemo.config import check_int, check_number
 from specdemo.drafters.recurrent import RecurrentHead
-from specdemo.training.data import features_paths
+from specdemo.training.data import IGNORE, features_paths  # IGNORE: no label (off the sub-vocabulary, past the end)
 
-IGNORE = -100  # a label the head cannot draft (off its sub-vocabulary) or past the text's end
 LABELS = ("argmax", "soft")
 UNROLLS = ("teacher", "drafts", "both")  # what positions 2..K read in training: see training_loss
 LAYER_FRACTIONS = (0.5, 0.75)  # the two layers read beside the final state, as fractions of the depth: on
@@ -78,9 +77,9 @@ class Positions:
 
 
 def read_positions(chunks: list[Path], layers: tuple[int, ...], depth: int) -> Positions:
-    """Positions t from each text's last prompt token to its second-to-last token (data.write_features wrote the
-    chunks' features for these layers, as indices into hidden_states). The states are written into one tensor
-    sized from the texts first: gathering them and concatenating would hold them twice (the peak of a default run)."""
+    """Positions t from each text's last prompt token to its second-to-last token (data wrote the chunks' features for
+    these layers, as indices into hidden_states: states at 0..T-2, labels at P..T-1). The states are written into one
+    tensor sized from the texts first: gathering them and concatenating would hold them twice."""
     texts = [torch.load(path, weights_only=True) for path in chunks]
     spans = [[(p - 1, len(t)) for p, t in zip(r["prompt_lengths"], r["token_ids"], strict=True)] for r in texts]
     count = sum(length - start - 1 for chunk in spans for start, length in chunk if length - start >= 2)
@@ -102,14 +101,15 @@ def read_positions(chunks: list[Path], layers: tuple[int, ...], depth: int) -> P
             inside = ahead < length
             at = ahead.clamp(max=length - 1)
             argmax = record["argmax"][b].long()
+            label = at - start - 1  # [n, K] rows of the labels, which begin at the answer's first position
             after = torch.cat([tokens.long(), torch.tensor([-1], device="cpu")])[at + 1]  # x_{t+k+1}; -1 past the end
             torch.cat([state[b][t] for state in states], dim=-1, out=hidden[filled : filled + len(t)])
             filled += len(t)
             columns["inputs"].append(torch.where(inside, tokens.long()[at], 0))
-            columns["argmax"].append(torch.where(inside, argmax[at], IGNORE))
-            columns["follows"].append(inside & (after == argmax[at]))
-            columns["top_probs"].append(record["top_probs"][b][at])
-            columns["top_ids"].append(record["top_ids"][b][at].long())
+            columns["argmax"].append(torch.where(inside, argmax[label], IGNORE))
+            columns["follows"].append(inside & (after == argmax[label]))
+            columns["top_probs"].append(record["top_probs"][b][label])
+            columns["top_ids"].append(record["top_ids"][b][label].long())
     assert hidden is not None and filled == count, "the texts' positions and their states disagree"
     return Positions(hidden=hidden, **{name: torch.cat(parts) for name, parts in columns.items()})
 

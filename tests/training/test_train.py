@@ -8,7 +8,16 @@ import torch
 
 from specdemo.drafters.recurrent import RecurrentHead, load_head
 from specdemo.models.loading import LoadedModel
-from specdemo.training.data import TEXTS_FORMAT, DataSettings, features_paths, write_features, write_texts
+from specdemo.training.data import (
+    IGNORE,
+    TEXTS_FORMAT,
+    DataSettings,
+    _Sample,
+    features_paths,
+    write_chunk,
+    write_features,
+    write_texts,
+)
 from specdemo.training.fit import FitSettings, Positions, fit, read_positions, training_loss
 from specdemo.training.run import train_drafter
 from tests.helpers import tiny_model, word_tokenizer
@@ -83,6 +92,65 @@ def test_cache_files_of_an_older_format_other_texts_or_other_settings_are_writte
     data = DataSettings(num_texts=16, max_new_tokens=24, batch_size=8, temperature=0.0)
     _, longer = positions(cache)
     assert len(longer.inputs) > len(fresh.inputs)
+
+
+def test_the_features_recorded_while_writing_are_those_a_teacher_forced_pass_reads(tmp_path):
+    """write_chunk keeps the states and labels generate computes as it writes; write_features computes them again by
+    teacher forcing over the written texts. In float64 the two agree: the states at 0..T-2, the labels at P..T-1, and
+    no label after an EOS. Texts cut at the cap and texts ended by an EOS are among them; so is a chunk whose every
+    text ends before the cap, where generate never reads the last EOS."""
+    model = tiny_model(3, vocab_size=VOCAB)
+    with torch.no_grad():
+        model.lm_head.weight[1] = 0.0  # EOS scores 0 against sharp others: a few texts end
+    ending = tiny_model(3, vocab_size=VOCAB)
+    with torch.no_grad():
+        ending.lm_head.weight[1] = ending.lm_head.weight[2:].sum(dim=0)  # EOS comes soon in every greedy text
+    data = DataSettings(num_texts=16, max_new_tokens=24, batch_size=16, temperature=1.0)
+    for name, target_model, temperature in (("some end", model, 1.0), ("all end", ending, 0.0)):
+        target = LoadedModel("tiny", target_model, word_tokenizer(WORDS), torch.device("cpu"))
+        written, forced = tmp_path / name / "written" / "texts-0000.pt", tmp_path / name / "forced" / "texts-0000.pt"
+        written.parent.mkdir(parents=True), forced.parent.mkdir(parents=True)
+        settings = DataSettings(num_texts=16, max_new_tokens=24, batch_size=16, temperature=temperature)
+        write_chunk(target, [f"Say {word}." for word in WORDS[:16]], settings, written, seed=1, layers=(1, 2))
+        forced.write_bytes(written.read_bytes())
+        write_features(target, [forced], (1, 2))
+        texts = torch.load(written, weights_only=True)
+        lengths = [
+            len(tokens) - start for tokens, start in zip(texts["token_ids"], texts["prompt_lengths"], strict=True)
+        ]
+        ended = [int(tokens[-1]) == 1 for tokens in texts["token_ids"]]
+        if name == "some end":
+            assert 0 < sum(ended) < len(ended) and max(lengths) == data.max_new_tokens, (lengths, ended)
+        else:
+            assert all(ended) and max(lengths) < data.max_new_tokens, (lengths, ended)
+        files = [features_paths(path, (1, 2)) for path in (written, forced)]
+        for layer in (1, 2):
+            states = [torch.load(f[f"layer {layer}"], weights_only=True)["hidden"] for f in files]
+            for b, tokens in enumerate(texts["token_ids"]):
+                assert states[0][b].shape == (len(tokens) - 1, 32), (name, layer, b)
+                assert torch.allclose(states[0][b].double(), states[1][b].double(), rtol=1e-2, atol=1e-2)
+        labels = [torch.load(f["labels"], weights_only=True)["labels"] for f in files]
+        for b, length in enumerate(lengths):
+            argmax = labels[0]["argmax"][b]
+            assert torch.equal(argmax, labels[1]["argmax"][b]) and len(argmax) == length, (name, b)
+            assert (argmax == IGNORE).tolist() == [ended[b] and i == length - 1 for i in range(length)], (name, b)
+            assert torch.equal(labels[0]["top_ids"][b], labels[1]["top_ids"][b]), (name, b)
+            assert torch.allclose(labels[0]["top_probs"][b].float(), labels[1]["top_probs"][b].float(), atol=1e-3)
+
+
+def test_the_texts_are_sampled_from_the_targets_distribution_at_their_temperature():
+    """_Sample draws from softmax(scores / T) by the inverse of the cumulative distribution: over 200,000 draws each
+    token's frequency is within 5 standard errors of its probability, and a token of probability 0 is never drawn."""
+    torch.manual_seed(0)
+    scores = torch.tensor([2.0, -math.inf, 0.5, 1.5, -1.0, -math.inf, 0.0, 3.0])
+    n, temperature = 200_000, 0.7
+    kept = _Sample(temperature)(None, scores.expand(n, -1).contiguous())  # [n, V]: one finite score a row
+    assert ((kept == 0).sum(dim=-1) == 1).all() and (kept[kept != 0] == -math.inf).all()
+    frequency = torch.bincount(kept.argmax(dim=-1), minlength=len(scores)).double() / n
+    probability = (scores.double() / temperature).softmax(dim=-1)
+    error = (probability * (1 - probability) / n).sqrt()
+    assert ((frequency - probability).abs() <= 5 * error + 1e-12).all(), (frequency, probability)
+    assert (frequency[probability == 0] == 0).all()
 
 
 def test_training_as_it_drafts_reads_its_own_drafts_and_trains_only_positions_drafting_reaches():
