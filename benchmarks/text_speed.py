@@ -1,14 +1,17 @@
 """How fast the target writes train-drafter's texts, by batch size and number format: the answer tokens (up to each
 text's EOS) written per second by Hugging Face `generate`, sampled as train-drafter samples them, on the same
 instructions for every setting. As train-drafter does, each setting records the features of the default head's layers
-while writing; a setting ending in `:plain` writes the texts alone, to measure what recording costs.
+while writing; a setting ending in `:plain` writes the texts alone, to measure what recording costs. --sampler times
+one draw for a batch, do_sample's torch.multinomial against train-drafter's inverse CDF, on the target's own scores.
 
     PYTHONPATH=. .venv/bin/python benchmarks/text_speed.py --texts 64 --settings bfloat16:16 bfloat16:32 bfloat16:64
+    PYTHONPATH=. .venv/bin/python benchmarks/text_speed.py --sampler --settings bfloat16:32
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import torch
@@ -17,7 +20,7 @@ from benchmarks.common import parser
 from specdemo import load_model
 from specdemo.drafters.recurrent import layer_indices
 from specdemo.models.loading import chat_prompt_ids
-from specdemo.training.data import DataSettings, generate_texts
+from specdemo.training.data import DataSettings, InverseCDFSampler, generate_texts
 from specdemo.training.fit import default_layers
 from specdemo.training.instructions import instructions
 
@@ -28,8 +31,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     flags.add_argument("--new-tokens", type=int, default=DataSettings.max_new_tokens)
     flags.add_argument("--settings", nargs="+", default=["bfloat16:16", "bfloat16:32", "bfloat16:64"],
                        help="dtype:batch_size[:plain], measured in this order")  # fmt: skip
+    flags.add_argument("--sampler", action="store_true", help="time one draw of each sampler instead")
     args = flags.parse_args(argv)
     texts, rows = instructions(args.texts, 0), []
+    if args.sampler:
+        return [sampler_row(args.model, setting, texts) for setting in args.settings]
     for setting in args.settings:
         dtype_name, batch_size, *plain = setting.split(":")
         target = load_model(args.model, device=torch.device("cpu"), dtype=getattr(torch, dtype_name))
@@ -49,6 +55,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def sampler_row(model: str, setting: str, texts: list[str], repeats: int = 21) -> dict:
+    """One draw for B texts from the target's scores after their prompts, each sampler in turn: medians, in ms."""
+    dtype_name, batch_size, *_ = setting.split(":")
+    target = load_model(model, device=torch.device("cpu"), dtype=getattr(torch, dtype_name))
+    prompts = [chat_prompt_ids(target, text)[0] for text in texts[: int(batch_size)]]
+    with torch.inference_mode():
+        scores = torch.stack([target.model(p[None]).logits[0, -1].float() for p in prompts])  # [B, V]
+    temperature = DataSettings.temperature
+    samplers = {
+        "multinomial": lambda: torch.multinomial((scores / temperature).softmax(dim=-1), 1),
+        "inverse_cdf": lambda: InverseCDFSampler(temperature)(None, scores),
+    }
+    times: dict[str, list[float]] = {name: [] for name in samplers}
+    for _ in range(repeats):
+        for name, draw in samplers.items():
+            started = time.perf_counter()
+            draw()
+            times[name].append((time.perf_counter() - started) * 1000)
+    row = dict(dtype=dtype_name, batch_size=len(prompts), vocabulary=scores.shape[-1], repeats=repeats)
+    row |= {f"{name}_ms": round(statistics.median(values), 2) for name, values in times.items()}
+    print(json.dumps(row), flush=True)
+    return row
 
 
 if __name__ == "__main__":

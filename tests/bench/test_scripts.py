@@ -57,7 +57,8 @@ def run_script(name: str, argv: list[str]) -> object:
         ("recurrent", ["--max-new-tokens", "6", "--seeds", "0", "--head", "HEAD", "--runs", "head W=1", "hybrid"]),
         ("spin_count", ["--rounds", "1", "--steps", "2", "--prompt-tokens", "8", "--settings", "default", "2000"]),
         ("cuda_graphs", ["--steps", "3", "--repeats", "1", "--prompt-tokens", "8", "--compile-check"]),
-        ("text_speed", ["--texts", "4", "--new-tokens", "16", "--settings", "float32:2", "float32:4"]),
+        ("text_speed", ["--texts", "4", "--new-tokens", "16", "--settings", "float32:2", "float32:4:plain"]),
+        ("text_speed", ["--texts", "4", "--sampler", "--settings", "float32:2"]),
         (
             "head_layers",
             ["--texts", "64", "--new-tokens", "16", "--steps", "3", "--variants", "1:teacher", "0,1:drafts"],

@@ -12,7 +12,7 @@ from specdemo.training.data import (
     IGNORE,
     TEXTS_FORMAT,
     DataSettings,
-    _Sample,
+    InverseCDFSampler,
     features_paths,
     write_chunk,
     write_features,
@@ -139,12 +139,13 @@ def test_the_features_recorded_while_writing_are_those_a_teacher_forced_pass_rea
 
 
 def test_the_texts_are_sampled_from_the_targets_distribution_at_their_temperature():
-    """_Sample draws from softmax(scores / T) by the inverse of the cumulative distribution: over 200,000 draws each
-    token's frequency is within 5 standard errors of its probability, and a token of probability 0 is never drawn."""
+    """InverseCDFSampler draws from softmax(scores / T) by the inverse of the cumulative distribution: over 200,000
+    draws each token's frequency is within 5 standard errors of its probability, and one of probability 0 is never
+    drawn."""
     torch.manual_seed(0)
     scores = torch.tensor([2.0, -math.inf, 0.5, 1.5, -1.0, -math.inf, 0.0, 3.0])
     n, temperature = 200_000, 0.7
-    kept = _Sample(temperature)(None, scores.expand(n, -1).contiguous())  # [n, V]: one finite score a row
+    kept = InverseCDFSampler(temperature)(None, scores.expand(n, -1).contiguous())  # [n, V]: one finite score a row
     assert ((kept == 0).sum(dim=-1) == 1).all() and (kept[kept != 0] == -math.inf).all()
     frequency = torch.bincount(kept.argmax(dim=-1), minlength=len(scores)).double() / n
     probability = (scores.double() / temperature).softmax(dim=-1)
