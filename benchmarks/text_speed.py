@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             written += sum(len(s) - len(p) for s, p in zip(sequences, batch, strict=True))
         seconds = time.perf_counter() - started
         row = dict(dtype=dtype_name, batch_size=int(batch_size), layers=list(layers), texts=len(prompts),
-                   answer_tokens=written,
-                   seconds=round(seconds, 1), tokens_per_second=round(written / seconds, 1))  # fmt: skip
+                   answer_tokens=written, seconds=round(seconds, 1),
+                   tokens_per_second=round(written / seconds, 1))  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

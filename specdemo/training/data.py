@@ -238,7 +238,7 @@ def generate_texts(
         return_dict_in_generate=True,
     )
     steps = [torch.stack(entry, dim=1) for entry in zip(*recorder.steps, strict=True)]  # each [B, S, ...]
-    prefill = {layer: output.hidden_states[0][layer] for layer in layers} if layers else {}  # [B, W, H]
+    prefill = {layer: output.hidden_states[0][layer] for layer in layers}  # [B, W, H]; none without layers
     decoded = {  # [B, S-1, H]: the state of answer token s at column s
         layer: torch.cat([prefill[layer][:, :0], *(step[layer] for step in output.hidden_states[1:])], dim=1)
         for layer in layers

@@ -105,11 +105,11 @@ def test_the_features_recorded_while_writing_are_those_a_teacher_forced_pass_rea
     ending = tiny_model(3, vocab_size=VOCAB)
     with torch.no_grad():
         ending.lm_head.weight[1] = ending.lm_head.weight[2:].sum(dim=0)  # EOS comes soon in every greedy text
-    data = DataSettings(num_texts=16, max_new_tokens=24, batch_size=16, temperature=1.0)
     for name, target_model, temperature in (("some end", model, 1.0), ("all end", ending, 0.0)):
         target = LoadedModel("tiny", target_model, word_tokenizer(WORDS), torch.device("cpu"))
         written, forced = tmp_path / name / "written" / "texts-0000.pt", tmp_path / name / "forced" / "texts-0000.pt"
-        written.parent.mkdir(parents=True), forced.parent.mkdir(parents=True)
+        written.parent.mkdir(parents=True)
+        forced.parent.mkdir(parents=True)
         settings = DataSettings(num_texts=16, max_new_tokens=24, batch_size=16, temperature=temperature)
         write_chunk(target, [f"Say {word}." for word in WORDS[:16]], settings, written, seed=1, layers=(1, 2))
         forced.write_bytes(written.read_bytes())
@@ -120,9 +120,9 @@ def test_the_features_recorded_while_writing_are_those_a_teacher_forced_pass_rea
         ]
         ended = [int(tokens[-1]) == 1 for tokens in texts["token_ids"]]
         if name == "some end":
-            assert 0 < sum(ended) < len(ended) and max(lengths) == data.max_new_tokens, (lengths, ended)
+            assert 0 < sum(ended) < len(ended) and max(lengths) == settings.max_new_tokens, (lengths, ended)
         else:
-            assert all(ended) and max(lengths) < data.max_new_tokens, (lengths, ended)
+            assert all(ended) and max(lengths) < settings.max_new_tokens, (lengths, ended)
         files = [features_paths(path, (1, 2)) for path in (written, forced)]
         for layer in (1, 2):
             states = [torch.load(f[f"layer {layer}"], weights_only=True)["hidden"] for f in files]
