@@ -70,10 +70,70 @@ TASKS = (
     "What is the most important thing people forget about {subject}?",
     "Write a motivational speech for a team working on {subject}.",
     "Describe how {subject} might look through the eyes of a cat.",
+    # 40 more (2026-11-27, later): requests as people write them, with their situation or an occasion, so the texts
+    # are less like templates; with answers cut at 128 tokens the same time writes twice the texts (docs/).
+    "I just started learning about {subject} and I feel lost. Where should I begin?",
+    "My partner loves {subject} and I don't get it. Explain it so I can join in the conversation.",
+    "Write a short birthday card message for a friend who loves {subject}.",
+    "I have to give a five-minute talk on {subject} tomorrow. Give me an outline.",
+    "What is a good way to remember the key facts about {subject}?",
+    "Explain {subject} with an analogy from cooking.",
+    "I'm writing a school report on {subject}. What should it include?",
+    "Give me a two-week plan to learn the basics of {subject}.",
+    "What are three myths and three facts about {subject}?",
+    "Write the opening paragraph of a novel set in a world shaped by {subject}.",
+    "Write a cover letter for a volunteer position connected to {subject}.",
+    "Describe {subject} the way a sports commentator would.",
+    "How does a beginner's view of {subject} differ from an expert's?",
+    "Write a rhyming poem for children about {subject}.",
+    "My teenager asked me about {subject} and I didn't know the answer. Can you help me explain it?",
+    "Write a postcard from a holiday that involved {subject}.",
+    "What mistakes do people make when they first try {subject}, and how can they avoid them?",
+    "Summarise the main debate around {subject} in a short paragraph.",
+    "Describe a simple classroom activity that teaches {subject}.",
+    "You are a tour guide. Introduce {subject} to a group of visitors.",
+    "Write a short interview with an imaginary expert on {subject}.",
+    "What books, films or places would you recommend to someone curious about {subject}?",
+    "Write a short story told by a grandparent remembering {subject} from their childhood.",
+    "Write an email to my neighbour asking for help with something to do with {subject}.",
+    "Make a small table comparing three aspects of {subject}.",
+    "Rewrite this in a more formal tone: {subject} is really cool and everybody should try it.",
+    "Write a riddle whose answer is {subject}, then explain the clues.",
+    "How has {subject} changed in the last hundred years?",
+    "What would a scientist say about {subject}, in one short paragraph?",
+    "Write the chorus of a song about {subject}.",
+    "Why do some people love {subject} while others can't stand it?",
+    "I only have ten minutes a day. How can I make progress with {subject}?",
+    "Write a short wedding speech for a couple who met through {subject}.",
+    "Give me a packing list for a day trip centred on {subject}.",
+    "Write a thank-you message to the volunteers who organised an event about {subject}.",
+    "What is the biggest open question about {subject} today?",
+    "Write a short advertisement for a class on {subject} at the community centre.",
+    "Explain {subject} to me like I'm a busy parent with five minutes.",
+    "Write a diary entry from the point of view of someone seeing {subject} for the first time.",
+    "Can you give me a quick summary of {subject} and one thing I could try this week?",
+)
+
+STYLES = (  # a manner asked of some of the instructions, drawn with them: half ask none
+    *([""] * 14),
+    " Keep it short.",
+    " Use simple language.",
+    " Use a numbered list.",
+    " Be warm and friendly.",
+    " Make it a little funny.",
+    " Answer in under 150 words.",
+    " Give one concrete example.",
+    " Write it for a complete beginner.",
+    " Use a formal tone.",
+    " Avoid jargon.",
+    " Use bullet points.",
+    " End with a question for the reader.",
+    " Keep it to two paragraphs.",
+    " Write it for a ten-year-old.",
 )
 
 SUBJECTS = tuple(
-    subject.strip()
+    " ".join(subject.split())  # one line: "cloud\ncomputing" was written so until 2026-11-27
     for subject in """
 photosynthesis, the water cycle, volcanoes, black holes, the Roman Empire, bread baking, saving money, learning
 a second language, recycling, honeybees, electric cars, the human heart, chess, composting, the printing press,
@@ -92,13 +152,15 @@ violin, tides, architecture, password security, apples, board games
 
 
 def instructions(count: int, seed: int = 0) -> list[str]:
-    """`count` distinct instructions (at most len(TASKS) * len(SUBJECTS)), in a seeded order."""
+    """`count` distinct instructions (at most len(TASKS) * len(SUBJECTS)), in a seeded order, each with a manner
+    drawn from STYLES."""
     pairs = [(task, subject) for task in TASKS for subject in SUBJECTS]
     assert 0 < count <= len(pairs), f"between 1 and {len(pairs)} instructions"
-    random.Random(seed).shuffle(pairs)
-    return [task.format(subject=subject) for task, subject in pairs[:count]]
+    draw = random.Random(seed)
+    draw.shuffle(pairs)
+    return [task.format(subject=subject) + draw.choice(STYLES) for task, subject in pairs[:count]]
 
 
 def pool_digest() -> str:
     """A hash of every instruction the package holds: texts written from another pool are another set of texts."""
-    return hashlib.blake2b("\n".join(TASKS + SUBJECTS).encode(), digest_size=6).hexdigest()
+    return hashlib.blake2b("\n".join(TASKS + SUBJECTS + STYLES).encode(), digest_size=6).hexdigest()

@@ -36,7 +36,9 @@ def tiny_target() -> LoadedModel:
 
 def test_a_tiny_head_learns_the_targets_next_tokens_well_beyond_chance(tmp_path):
     target = tiny_target()
-    data = DataSettings(num_texts=32, max_new_tokens=48, batch_size=8, temperature=0.0)
+    data = DataSettings(num_texts=32, max_new_tokens=48, batch_size=8, temperature=0.0, seed=2)
+    # seed 2: this random target's greedy texts fall into loops, which some draws of instructions make most of the
+    # held-out labels one token (seed 0 did once the pool grew to 100 kinds: chance 0.64); these leave it at 0.53
     # argmax labels: this random target's distributions are flat (its top probability is 0.09 on average, within 0.05
     # of the second at most positions), where 400 steps of soft labels learn the distribution before its argmax
     settings = FitSettings(steps=400, batch_size=64, depth=3, vocabulary_size=48, held_out_texts=8, labels="argmax")
