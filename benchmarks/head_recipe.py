@@ -1,9 +1,10 @@
 """What else the head's recipe could change, one variant a run: fitted on train-drafter's cached texts (the layers it
 reads by default, 15, 22 and 30) and measured on the same held-out texts, the last two chunks, as α per draft position
 (greedy, against the target's argmax) and tokens per pass. The variants: how many texts it trains on (--train, chunks
-of 32), the steps, float32 products against bfloat16 ones, EAGLE's uniform feature noise (relative to each layer's
-RMS), the previous position's states beside the last one's, and greedy texts beside the sampled ones (--greedy
-chunks of the instructions in another seeded order, at T = 0). Texts and features are written here where missing.
+of 32), the steps, the head's residual blocks, float32 products against bfloat16 ones, EAGLE's uniform feature noise
+(relative to each layer's RMS), the previous position's states beside the last one's, and greedy texts beside the
+sampled ones (--greedy chunks of the instructions in another seeded order, at T = 0). Texts and features are written
+here where missing.
 --head writes the variant's head file, for `benchmarks/recurrent.py --head`.
 
     PYTHONPATH=. .venv/bin/python benchmarks/head_recipe.py --train 0-57 --steps 2000 [--float32-products]
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     flags.add_argument("--train", default="0-57", help="the sampled chunks trained on")
     flags.add_argument("--held-out", default="58-59")
     flags.add_argument("--steps", type=int, default=2000)
+    flags.add_argument("--blocks", type=int, default=FitSettings.num_blocks, help="the head's residual blocks")
     flags.add_argument("--labels", choices=fitting.LABELS, default=FitSettings.labels)
     flags.add_argument("--float32-products", action="store_true")
     flags.add_argument("--noise", type=float, default=0.0)
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
         greedy = replace(data, num_texts=count, temperature=0.0, seed=1)
         write_features(target, write_texts(target, greedy, cache / "greedy", layers), layers)
         trained += chunks(cache / "greedy", args.greedy)
-    settings = FitSettings(steps=args.steps, layers=layers, labels=args.labels)
+    settings = FitSettings(steps=args.steps, layers=layers, labels=args.labels, num_blocks=args.blocks)
     train, held = read_positions(trained, layers, settings.depth), read_positions(held_out, layers, settings.depth)
     if args.previous:
         train, held = with_previous(trained, train, layers), with_previous(held_out, held, layers)
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         fitting.training_loss = plain  # never left perturbed for whoever fits next in this process
         checkpoint.unlink(missing_ok=True)
     row = dict(
-        train=args.train, greedy=args.greedy, steps=args.steps, labels=args.labels,
+        train=args.train, greedy=args.greedy, steps=args.steps, labels=args.labels, blocks=args.blocks,
         float32_products=args.float32_products, noise=args.noise, previous=args.previous, positions=len(train.hidden),
         held_out_positions=len(held.hidden),
         alpha=[round(a, 3) for a in curves.alpha[-1]], tokens_per_pass=round(curves.tokens_per_pass[-1], 3),

@@ -32,6 +32,7 @@ RUNS = (  # (label, drafter kind, W)
     ("head W=2", "recurrent", 2),
     ("head W=3", "recurrent", 3),
     ("hybrid", "hybrid", 2),
+    ("hybrid W=4", "hybrid", 4),  # the copy and three beams of the head: a tree a GPU verifies at the cost of one
 )
 
 
