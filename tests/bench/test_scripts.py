@@ -84,3 +84,24 @@ def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
     assert run_script(name, ["--model", str(model), "--dtype", "float32", *prompt_flags, *options])
     assert capsys.readouterr().out.strip()
     assert fitting.training_loss is loss, "a script left the training loss replaced for the tests after it"
+
+
+def test_compare_heads_pools_two_heads_outputs_prompt_by_prompt(tiny, capsys, tmp_path):
+    """compare_heads reads recurrent.py's output as printed: a second head 0.5 lower on the open-ended prompt alone is
+    counted lower there, by 0.5, and the same on the grounded one."""
+    model, prompts = tiny
+    argv = ["--model", str(model), "--dtype", "float32", "--prompts", str(prompts), "--max-new-tokens", "6"]
+    run_script("recurrent", [*argv, "--seeds", "0", "--runs", "head W=1"])
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text(capsys.readouterr().out)
+    lines = first.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith('{"prompt": "poem"'):
+            row = json.loads(line)
+            lines[i] = json.dumps(row | {"head W=1": row["head W=1"] - 0.5})
+    second.write_text("\n".join(lines) + "\n")
+    open_ended = run_script("compare_heads", ["--set", str(prompts), str(first), str(second)])["head W=1"]
+    grounded = run_script("compare_heads", ["--set", str(prompts), str(first), str(second), "--grounded"])["head W=1"]
+    assert (open_ended["prompts"], open_ended["higher"], open_ended["lower"]) == (1, 1, 0)
+    assert open_ended["mean_difference"] == 0.5
+    assert (grounded["prompts"], grounded["higher"], grounded["lower"], grounded["mean_difference"]) == (1, 0, 0, 0.0)
