@@ -16,7 +16,7 @@ from specdemo.training.data import DataSettings, check_disk
     ("arguments", "message"),
     [
         (["--steps", "0"], "steps must be between 1 and"),
-        (["--texts", "5"], "texts must be between 16 and 5760, got 5."),
+        (["--texts", "5"], "texts must be between 16 and 9600, got 5."),
         (["--new-tokens", "4000"], "new-tokens must be between 16 and 1024"),
         (["--depth", "0"], "depth must be between 1 and 16"),
         (["--vocabulary-size", "3"], "vocabulary-size must be between 16 and"),
