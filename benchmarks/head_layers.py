@@ -20,12 +20,14 @@ import torch
 from benchmarks.common import parser
 from specdemo import load_model
 from specdemo.drafters.recurrent import layer_indices, save_head, target_fingerprint
+from specdemo.models import onednn
 from specdemo.models.offline import cache_root
 from specdemo.training.data import DataSettings, write_features, write_texts
 from specdemo.training.fit import FitSettings, fit, read_positions
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    onednn.uncap()  # as train-drafter runs (specdemo/models/onednn.py)
     flags = parser(__doc__.split("\n\n")[0])
     flags.add_argument("--steps", type=int, default=1000)
     flags.add_argument(

@@ -23,6 +23,7 @@ import torch
 from benchmarks.common import parser
 from specdemo import load_model
 from specdemo.drafters.recurrent import layer_indices, save_head, target_fingerprint
+from specdemo.models import onednn
 from specdemo.models.offline import cache_root
 from specdemo.training import fit as fitting
 from specdemo.training.data import DataSettings, features_paths, write_features, write_texts
@@ -64,6 +65,7 @@ def noisy_loss(noise: float, hidden_size: int):
 
 
 def main(argv: list[str] | None = None) -> dict:
+    onednn.uncap()  # as train-drafter runs (specdemo/models/onednn.py)
     flags = parser(__doc__.split("\n\n")[0])
     flags.add_argument("--texts", type=int, default=DataSettings.num_texts, help="sampled texts written")
     flags.add_argument("--new-tokens", type=int, default=DataSettings.max_new_tokens)

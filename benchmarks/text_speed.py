@@ -19,6 +19,7 @@ import torch
 from benchmarks.common import parser
 from specdemo import load_model
 from specdemo.drafters.recurrent import layer_indices
+from specdemo.models import onednn
 from specdemo.models.loading import chat_prompt_ids
 from specdemo.training.data import DataSettings, InverseCDFSampler, generate_texts
 from specdemo.training.fit import default_layers
@@ -26,6 +27,7 @@ from specdemo.training.instructions import instructions
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    onednn.uncap()  # as train-drafter runs (specdemo/models/onednn.py)
     flags = parser(__doc__.split("\n\n")[0])
     flags.add_argument("--texts", type=int, default=64)
     flags.add_argument("--new-tokens", type=int, default=DataSettings.max_new_tokens)

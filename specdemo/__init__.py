@@ -4,10 +4,10 @@ The public API: every name below keeps working whatever moves inside the package
 
 import os
 
-# oneDNN's AMX bfloat16 kernels tile by batch size, so a row's logits changed with the rows beside it on a Sapphire
-# Rapids CPU (2026-11-27: tests/engine/test_batch.py failed there, and passed with this cap); AVX-512 BF16 kernels keep
-# the batch-invariant passes the app promises. Read when oneDNN first runs; set it yourself to choose otherwise.
-os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+from specdemo.models import onednn
+
+# Batch-invariant bfloat16 kernels on AMX CPUs unless the user chose, set before anything runs (models/onednn.py).
+os.environ.setdefault(onednn.VARIABLE, onednn.BATCH_INVARIANT)
 
 from specdemo.bench.prompts import BenchPrompt, load_prompts
 from specdemo.bench.single import run_bench

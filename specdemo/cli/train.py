@@ -9,6 +9,7 @@ from functools import partial
 from pathlib import Path
 
 from specdemo.drafters.recurrent import head_path
+from specdemo.models import onednn
 from specdemo.models.loading import OFFLINE_DEFAULT, check_model_name, load_model
 from specdemo.models.offline import cache_root
 from specdemo.training.data import DataSettings
@@ -52,6 +53,7 @@ def add_parser(commands: argparse._SubParsersAction, progress) -> None:
 
 def train_command(args: argparse.Namespace, progress) -> int:
     check_model_name(args.target, allow_local=True)
+    onednn.uncap()  # before the target's first product: AMX's kernels where the CPU has them (models/onednn.py)
     quick = QUICK if args.quick else {}
     data = DataSettings(
         num_texts=quick.get("num_texts", DataSettings.num_texts) if args.texts is None else args.texts,
