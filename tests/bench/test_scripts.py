@@ -70,16 +70,38 @@ def run_script(name: str, argv: list[str]) -> object:
             RECIPE,
         ),
         ("head_greedy", ["--held-out", "0-0", "--new-tokens", "16"]),
+        (
+            "head_context",
+            [
+                "--texts",
+                "64",
+                "--new-tokens",
+                "16",
+                "--layers",
+                "0,1",
+                "--train",
+                "0-0",
+                "--held-out",
+                "1-1",
+                "--steps",
+                "3",
+                "--texts-per-step",
+                "2",
+                "--prompts",
+                "PROMPTS",
+            ],
+        ),
     ],
 )
 def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
     model, prompts = tiny
     own_prompts = ("phases", "head_cost", "spin_count", "cuda_graphs", "text_speed", "head_layers", "head_recipe",
-                   "head_greedy")  # fmt: skip
+                   "head_greedy", "head_context")  # fmt: skip
     prompt_flags = [] if name in own_prompts else ["--prompts", str(prompts)]
-    if name in ("head_layers", "head_recipe", "head_greedy"):
+    if name in ("head_layers", "head_recipe", "head_greedy", "head_context"):
         prompt_flags = ["--cache", str(model.parent / f"{name}-cache")]
-    options = [str(head_path(str(model))) if option == "HEAD" else option for option in options]
+    named = {"HEAD": str(head_path(str(model))), "PROMPTS": str(prompts)}
+    options = [named.get(option, option) for option in options]
     loss = fitting.training_loss
     assert run_script(name, ["--model", str(model), "--dtype", "float32", *prompt_flags, *options])
     assert capsys.readouterr().out.strip()
