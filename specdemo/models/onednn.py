@@ -3,7 +3,7 @@ process: `uncap` acts only before the first bfloat16 product).
 
 Its AMX kernels (Intel Sapphire Rapids and later) gave a row other logits beside other rows: on 2026-11-27 four
 bit-for-bit batch tests failed on such a CPU and passed with the cap. Serving promises those bits, so `import specdemo`
-caps oneDNN at AVX-512 BF16 (specdemo/__init__.py). Training promises none, and with AMX it wrote its texts 1.7x as
+caps oneDNN at AVX-512 BF16 (specdemo/__init__.py). Training promises none, and with AMX it wrote its texts 1.5x as
 fast (`uncap`; docs/serving.md). A value the user set is theirs, and stays."""
 
 from __future__ import annotations
