@@ -37,10 +37,12 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
 def run_script(name: str, argv: list[str]) -> object:
     spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(SCRIPTS))  # run as `python benchmarks/NAME.py`, a script imports `common` beside it
     try:
+        spec.loader.exec_module(module)
         return module.main(argv)
     finally:
+        sys.path.remove(str(SCRIPTS))
         sys.modules.pop("common", None)
 
 
