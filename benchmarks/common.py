@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -18,3 +19,9 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 def load(args: argparse.Namespace) -> LoadedModel:
     return load_model(args.model, device=torch.device("cpu"), dtype=getattr(torch, args.dtype), allow_local=True)
+
+
+def chunks(directory: Path, span: str) -> list[Path]:
+    """train-drafter's text chunks FIRST-LAST of a cache directory."""
+    first, last = map(int, span.split("-"))
+    return [directory / f"texts-{index:04d}.pt" for index in range(first, last + 1)]

@@ -22,13 +22,20 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.common import load, parser
+from benchmarks.common import chunks, load, parser
 from specdemo import load_prompts
 from specdemo.drafters.recurrent import RecurrentHead, head_path, layer_indices, load_head, target_fingerprint
 from specdemo.models import onednn
 from specdemo.models.offline import cache_root
 from specdemo.training.data import IGNORE, DataSettings, features_paths, texts_written, write_chunk, write_texts
-from specdemo.training.fit import FitSettings, _rate, read_positions, sub_vocabulary, training_loss
+from specdemo.training.fit import (
+    FitSettings,
+    _rate,
+    held_out_acceptance,
+    read_positions,
+    sub_vocabulary,
+    training_loss,
+)
 
 # T = a text's length, B = texts in a batch, L = layers read, H = hidden size
 
@@ -112,21 +119,13 @@ class Texts:
         }
 
     @torch.inference_mode()
-    def acceptance(self, context: Context, head: RecurrentHead, depth: int) -> dict[str, object]:
-        """Greedy drafts of `depth` from every position against the target's argmax, counted as fit's held-out
-        figures count them: α per draft position (accepted over reached) and tokens per pass of one chain."""
-        accepted, reached = [], []
-        for first in range(0, len(self.texts), 16):
-            batch = self.batch(context, list(range(first, min(first + 16, len(self.texts)))))
-            drafts = head.beam_search(batch["hidden"].float(), batch["inputs"][:, 0], 1, depth)[:, 0]
-            hits = drafts == batch["argmax"]
-            goes_on = (hits & batch["follows"]).long().cumprod(dim=1)
-            reach = torch.cat([torch.ones_like(goes_on[:, :1]), goes_on[:, :-1]], dim=1).bool()
-            accepted.append(hits & reach)
-            reached.append(reach)
-        hits, reach = torch.cat(accepted), torch.cat(reached)
-        alpha = [round(float(hits[:, k].sum() / reach[:, k].sum().clamp(min=1)), 3) for k in range(depth)]
-        return dict(positions=len(hits), alpha=alpha, tokens_per_pass=round(1 + float(hits.sum(1).float().mean()), 3))
+    def acceptance(self, context: Context, head: RecurrentHead) -> dict[str, object]:
+        """Greedy drafts from every position against the target's argmax, as fit's held-out figures are counted: α
+        per draft position and tokens per pass of one chain."""
+        batches = [list(range(first, min(first + 16, len(self.texts)))) for first in range(0, len(self.texts), 16)]
+        read = torch.cat([self.batch(context, chosen)["hidden"] for chosen in batches])
+        alpha, per_pass = held_out_acceptance(head, replace(self.positions, hidden=read), limit=len(read))
+        return dict(positions=len(read), alpha=[round(a, 3) for a in alpha], tokens_per_pass=round(per_pass, 3))
 
 
 class Shipped(nn.Module):
@@ -181,20 +180,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     cache = args.cache / f"{target.name.replace('/', '--')}-{target_fingerprint(model)}-{args.dtype}"
     layers = layer_indices(model, tuple(int(layer) for layer in args.layers.split(",")))
     settings = FitSettings(steps=args.steps, layers=layers)
-    written = write_texts(target, DataSettings(num_texts=args.texts, max_new_tokens=args.new_tokens), cache, layers)
-    spans = {name: tuple(map(int, span.split("-"))) for name, span in (("train", args.train), ("held", args.held_out))}
-    train = Texts(written[spans["train"][0] : spans["train"][1] + 1], layers, settings.depth)
-    sets = {"held-out": Texts(written[spans["held"][0] : spans["held"][1] + 1], layers, settings.depth)}
+    write_texts(target, DataSettings(num_texts=args.texts, max_new_tokens=args.new_tokens), cache, layers)
+    train = Texts(chunks(cache, args.train), layers, settings.depth)
+    sets = {"held-out": Texts(chunks(cache, args.held_out), layers, settings.depth)}
     for path in args.prompts:
-        for kind, chunks in answers(target, cache, path, layers, args.new_tokens).items():
-            sets[f"{path.stem} {kind}"] = Texts(chunks, layers, settings.depth)
+        for kind, written in answers(target, cache, path, layers, args.new_tokens).items():
+            sets[f"{path.stem} {kind}"] = Texts(written, layers, settings.depth)
     rows = []
     shipped_path = head_path(target.name)
     shipped = load_head(model, shipped_path).float() if shipped_path.is_file() else None
     if shipped is not None and shipped.shape.layers == layers:  # on the same states
         rnn = RecurrentHead(model, shipped.vocabulary, shipped.shape.num_blocks).float()  # the same RNN, no fusion
         rnn.load_state_dict({k: v for k, v in shipped.state_dict().items() if not k.startswith("fuse")})
-        rows.append({"head": "shipped"} | {name: s.acceptance(Shipped(shipped), rnn, 4) for name, s in sets.items()})
+        rows.append({"head": "shipped"} | {name: s.acceptance(Shipped(shipped), rnn) for name, s in sets.items()})
         print(json.dumps(rows[-1]), flush=True)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     vocabulary = sub_vocabulary(train.positions, settings.vocabulary_size, vocab_size)
@@ -220,7 +218,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         context.eval(), head.eval()
         row = dict(head=variant, steps=args.steps, texts_per_step=args.texts_per_step, final_loss=round(loss.item(), 3),
                    seconds=round(time.perf_counter() - started))  # fmt: skip
-        rows.append(row | {name: s.acceptance(context, head, settings.depth) for name, s in sets.items()})
+        rows.append(row | {name: s.acceptance(context, head) for name, s in sets.items()})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import parser
+from benchmarks.common import chunks, parser
 from specdemo import load_model
 from specdemo.drafters.recurrent import layer_indices, save_head, target_fingerprint
 from specdemo.models import onednn
@@ -28,11 +28,6 @@ from specdemo.models.offline import cache_root
 from specdemo.training import fit as fitting
 from specdemo.training.data import DataSettings, features_paths, write_features, write_texts
 from specdemo.training.fit import FitSettings, Positions, fit, read_positions
-
-
-def chunks(directory: Path, span: str) -> list[Path]:
-    first, last = map(int, span.split("-"))
-    return [directory / f"texts-{index:04d}.pt" for index in range(first, last + 1)]
 
 
 def with_previous(paths: list[Path], positions: Positions, layers: tuple[int, ...]) -> Positions:

@@ -16,6 +16,7 @@ from specdemo.training import fit as fitting
 from tests.helpers import save_tiny_model, train_tiny_head, word_tokenizer
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks"
+CONTEXT = "--texts 64 --new-tokens 16 --layers 0,1 --train 0-0 --held-out 1-1 --steps 3 --texts-per-step 2".split()
 RECIPE = "--texts 64 --new-tokens 16 --layers 0,1 --train 0-0 --held-out 1-1 --steps 3 --noise 0.2 --greedy 0-0".split()
 WORDS = ["<unk>", "</s>", "copy", "this", "list", "apples", "bread", "milk", "and", "then", "write", "a", "poem"]
 
@@ -72,27 +73,7 @@ def run_script(name: str, argv: list[str]) -> object:
             RECIPE,
         ),
         ("head_greedy", ["--held-out", "0-0", "--new-tokens", "16"]),
-        (
-            "head_context",
-            [
-                "--texts",
-                "64",
-                "--new-tokens",
-                "16",
-                "--layers",
-                "0,1",
-                "--train",
-                "0-0",
-                "--held-out",
-                "1-1",
-                "--steps",
-                "3",
-                "--texts-per-step",
-                "2",
-                "--prompts",
-                "PROMPTS",
-            ],
-        ),
+        ("head_context", [*CONTEXT, "--prompts", "PROMPTS"]),
     ],
 )
 def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
