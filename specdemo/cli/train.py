@@ -12,7 +12,7 @@ from specdemo.drafters.recurrent import head_path
 from specdemo.models import onednn
 from specdemo.models.loading import OFFLINE_DEFAULT, check_model_name, load_model
 from specdemo.models.offline import cache_root
-from specdemo.training.data import DataSettings
+from specdemo.training.data import INSTRUCTIONS, DataSettings
 from specdemo.training.fit import LABELS, UNROLLS, FitSettings
 from specdemo.training.run import train_drafter
 
@@ -25,6 +25,13 @@ def add_parser(commands: argparse._SubParsersAction, progress) -> None:
     train.add_argument("--target", default=OFFLINE_DEFAULT, help="the target model (default: %(default)s)")
     train.add_argument("--quick", action="store_true", help="fewer texts and steps: minutes, and a weaker head")
     train.add_argument("--texts", type=int, help=f"texts the target writes (default {DataSettings.num_texts})")
+    train.add_argument(
+        "--instructions",
+        choices=INSTRUCTIONS,
+        default=DataSettings.instructions,
+        help="what the target answers: the package's instructions, requests it writes itself, or half of each "
+        "(default: %(default)s)",
+    )
     train.add_argument("--new-tokens", type=int, default=DataSettings.max_new_tokens, help="tokens per text at most")
     train.add_argument("--steps", type=int, help=f"training steps (default {FitSettings.steps})")
     train.add_argument("--batch-size", type=int, default=FitSettings.batch_size, help="positions per step")
@@ -60,6 +67,7 @@ def train_command(args: argparse.Namespace, progress) -> int:
         max_new_tokens=args.new_tokens,
         batch_size=args.generate_batch_size,
         seed=args.seed,
+        instructions=args.instructions,
     )
     settings = FitSettings(
         steps=quick.get("steps", FitSettings.steps) if args.steps is None else args.steps,

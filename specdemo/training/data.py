@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from specdemo.config import check_int, check_number
 from specdemo.models.loading import LoadedModel, chat_prompt_ids
 from specdemo.training.instructions import SUBJECTS, TASKS, instructions, pool_digest
+from specdemo.training.requests import request_settings, written_requests
 
 TOP_ENTRIES = 8  # the target's most probable tokens kept per position, for soft labels
 BYTES_PER_TOKEN_PER_HIDDEN = 2  # hidden states are kept in bfloat16
@@ -30,6 +32,9 @@ TEXTS_FORMAT = "specdemo-texts/2"  # token ids alone (/1 chunks held the final s
 FEATURES_FORMAT = "specdemo-features/3"  # states at 0..T-2, labels at P..T-1 (/2 held T of each, prompts' labels too)
 FEATURE_BATCH = 16  # texts a teacher-forced pass reads
 IGNORE = -100  # no label: the target's prediction after a text's EOS (nothing is drafted there)
+INSTRUCTIONS = ("package", "target", "both")  # the package's instructions, requests the target writes, half of each
+TARGET_REQUESTS = "target-requests"  # the cache's folder for the texts answering the target's own requests
+MAX_TEXTS = 200_000  # of the target's own requests
 
 
 @dataclass(frozen=True)
@@ -41,17 +46,29 @@ class DataSettings:
     temperature: float = 0.8  # sampled texts vary more than greedy ones; the labels are the target's all the same
     batch_size: int = 32  # the fastest measured here (benchmarks/text_speed.py, docs/recurrent-drafter.md)
     seed: int = 0
+    instructions: str = "package"  # what the target answers: INSTRUCTIONS
 
     def __post_init__(self) -> None:
-        check_int("texts", self.num_texts, 16, len(TASKS) * len(SUBJECTS))
+        if self.instructions not in INSTRUCTIONS:
+            raise ValueError(f"instructions must be one of {', '.join(INSTRUCTIONS)}, got {self.instructions!r}.")
+        pool = len(TASKS) * len(SUBJECTS)  # the package's instructions: "both" takes half its texts from them
+        check_int("texts", self.num_texts, 16, dict(package=pool, target=MAX_TEXTS, both=2 * pool)[self.instructions])
         check_int("new-tokens", self.max_new_tokens, 16, 1024)
         check_number("text-temperature", self.temperature, 0.0, 2.0)
-        check_int("generate-batch-size", self.batch_size, 1, 64)
+        check_int("generate-batch-size", self.batch_size, 1, 1024)
 
 
 def chunk_paths(cache: Path, settings: DataSettings) -> list[Path]:
     count = -(-settings.num_texts // settings.batch_size)
-    return [cache / f"texts-{index:04d}.pt" for index in range(count)]
+    folder = cache / TARGET_REQUESTS if settings.instructions == "target" else cache
+    return [folder / f"texts-{index:04d}.pt" for index in range(count)]
+
+
+def halves(settings: DataSettings) -> tuple[DataSettings, DataSettings]:
+    """For "both": the package's instructions for half the texts, the target's own requests for the rest."""
+    package = settings.num_texts - settings.num_texts // 2
+    return (replace(settings, instructions="package", num_texts=package),
+            replace(settings, instructions="target", num_texts=settings.num_texts - package))  # fmt: skip
 
 
 def check_disk(cache: Path, settings: DataSettings, hidden_size: int, num_layers: int = 1) -> None:
@@ -84,9 +101,17 @@ def _save(record: dict, path: Path) -> None:
 
 def write_texts(target: LoadedModel, settings: DataSettings, cache: Path, layers: tuple[int, ...] = ()) -> list[Path]:
     """Every chunk of texts (token ids), written now with their features for `layers` (indices into hidden_states) or
-    found from an earlier run; first, one sentence if the disk cannot hold them."""
+    found from an earlier run; first, one sentence if the disk cannot hold them. "both" interleaves the chunks of its
+    two halves, so the last chunks, held out, answer both kinds of instruction."""
+    if settings.instructions == "both":
+        package, own = (write_texts(target, half, cache, layers) for half in halves(settings))
+        return [path for pair in zip_longest(package, own) for path in pair if path is not None]
     check_disk(cache, settings, target.model.config.hidden_size, max(1, len(layers)))
-    texts = instructions(settings.num_texts, settings.seed)  # a run with fewer texts shares the first chunks
+    if settings.instructions == "target":
+        requests = cache / TARGET_REQUESTS / "requests.json"
+        texts = written_requests(target, settings.num_texts, settings.batch_size, settings.seed, requests)
+    else:
+        texts = instructions(settings.num_texts, settings.seed)  # a run with fewer texts shares the first chunks
     paths = chunk_paths(cache, settings)
     missing = [index for index, path in enumerate(paths) if not texts_written(path, settings)]
     for index in tqdm(missing, desc="target writes its texts", unit="chunk", disable=not missing):
@@ -116,10 +141,17 @@ def write_chunk(
 
 def written_with(settings: DataSettings) -> str:
     """What a chunk's texts depend on besides their instructions: chunks written otherwise are written again."""
+    if settings.instructions == "both":
+        return "; ".join(map(written_with, halves(settings)))
     sampler = " by inverse CDF" if settings.temperature > 0 else ""  # texts sampled by torch.multinomial are older
+    pool = (
+        f"instructions {pool_digest()}"
+        if settings.instructions == "package"
+        else f"the target's requests ({request_settings(settings.batch_size, settings.seed)})"
+    )
     return (
         f"{settings.max_new_tokens} tokens, T = {settings.temperature}{sampler}, B = {settings.batch_size}, "
-        f"{settings.seed}, instructions {pool_digest()}"
+        f"{settings.seed}, {pool}"
     )
 
 

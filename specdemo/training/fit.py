@@ -103,7 +103,7 @@ def read_positions(chunks: list[Path], layers: tuple[int, ...], depth: int) -> P
             argmax = record["argmax"][b].long()
             label = at - start - 1  # [n, K] rows of the labels, which begin at the answer's first position
             after = torch.cat([tokens.long(), torch.tensor([-1], device="cpu")])[at + 1]  # x_{t+k+1}; -1 past the end
-            torch.cat([state[b][t] for state in states], dim=-1, out=hidden[filled : filled + len(t)])
+            torch.cat([state[b][start : length - 1] for state in states], dim=-1, out=hidden[filled : filled + len(t)])
             filled += len(t)
             columns["inputs"].append(torch.where(inside, tokens.long()[at], 0))
             columns["argmax"].append(torch.where(inside, argmax[label], IGNORE))
@@ -211,27 +211,29 @@ def fit(
             generator.set_state(saved["generator"])
             curves, first_step = saved["curves"], saved["step"]
     batch_names = ("hidden", "inputs", "argmax", "follows", "top_probs", "top_ids")
-    losses: list[float] = []
+    if device.type == "cuda":  # the host gathers a batch from its memory slower than the GPU trains on it
+        train = Positions(**{name: getattr(train, name).to(device) for name in batch_names})
+    running, counted = torch.zeros((), device=device), 0  # the loss summed on the device: read back at each point
     bar = tqdm(range(first_step, settings.steps), desc="training the head", unit="step", initial=first_step,
                total=settings.steps)  # fmt: skip
     low_precision = target.dtype == torch.bfloat16 if low_precision is None else low_precision
     for step in bar:
         chosen = torch.randint(len(train.hidden), (settings.batch_size,), generator=generator, device=generator.device)
-        batch = {name: getattr(train, name)[chosen].to(device) for name in batch_names}
+        batch = {name: getattr(train, name)[chosen.to(train.hidden.device)].to(device) for name in batch_names}
         with torch.autocast(device.type, torch.bfloat16, enabled=low_precision):
             loss = training_loss(head, batch, lookup, settings)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         scheduler.step()
-        losses.append(loss.item())
+        running, counted = running + loss.detach(), counted + 1
         if (step + 1) % evaluate_every == 0 or step + 1 == settings.steps:
             alpha, per_pass = held_out_acceptance(head, held_out)
             curves.steps.append(step + 1)
-            curves.loss.append(sum(losses) / len(losses))
+            curves.loss.append(float(running) / counted)
             curves.alpha.append(alpha)
             curves.tokens_per_pass.append(per_pass)
-            losses = []
+            running, counted = torch.zeros((), device=device), 0
             bar.set_postfix(loss=f"{curves.loss[-1]:.3f}", alpha1=f"{alpha[0]:.2f}", per_pass=f"{per_pass:.2f}")
             state = dict(
                 settings=asdict(settings),
