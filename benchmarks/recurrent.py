@@ -87,7 +87,7 @@ def pooled_alpha(runs: list[dict]) -> list[float]:
 
 def main(argv: list[str] | None = None) -> dict:
     flags = parser(__doc__)
-    flags.add_argument("--prompts", help="a prompts file (default: the bench's own prompts)")
+    flags.add_argument("--prompts", nargs="+", help="prompts files, pooled (default: the bench's own prompts)")
     flags.add_argument("--max-new-tokens", type=int, default=128)
     flags.add_argument("--num-draft-tokens", type=int, default=4)
     flags.add_argument("--temperature", type=float, default=0.7, help="the sampled runs' temperature")
@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> dict:
     runs = [run for run in RUNS if args.runs is None or run[0] in args.runs]
     for kind in ("suffix", "hybrid"):
         prepare_drafter(kind, target, lambda message: None)
-    prompts = read_prompts_file(args.prompts).prompts if args.prompts else PROMPTS
+    prompts = (
+        [prompt for path in args.prompts for prompt in read_prompts_file(path).prompts] if args.prompts else PROMPTS
+    )
     rows = []
     for prompt in prompts:
         prompt_ids = chat_prompt_ids(target, prompt.text)

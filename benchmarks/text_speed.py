@@ -3,9 +3,11 @@ text's EOS) written per second by Hugging Face `generate`, sampled as train-draf
 instructions for every setting. As train-drafter does, each setting records the features of the default head's layers
 while writing; a setting ending in `:plain` writes the texts alone, to measure what recording costs. --sampler times
 one draw for a batch, do_sample's torch.multinomial against train-drafter's inverse CDF, on the target's own scores.
+--requests times the target writing requests of its own (`--instructions target`), a batch at a time.
 
     PYTHONPATH=. .venv/bin/python benchmarks/text_speed.py --texts 64 --settings bfloat16:16 bfloat16:32 bfloat16:64
     PYTHONPATH=. .venv/bin/python benchmarks/text_speed.py --sampler --settings bfloat16:32
+    PYTHONPATH=. .venv/bin/python benchmarks/text_speed.py --requests 3 --settings bfloat16:32
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from specdemo.models.loading import chat_prompt_ids
 from specdemo.training.data import DataSettings, InverseCDFSampler, generate_texts
 from specdemo.training.fit import default_layers
 from specdemo.training.instructions import instructions
+from specdemo.training.requests import write_batch
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -34,10 +37,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     flags.add_argument("--settings", nargs="+", default=["bfloat16:16", "bfloat16:32", "bfloat16:64"],
                        help="dtype:batch_size[:plain], measured in this order")  # fmt: skip
     flags.add_argument("--sampler", action="store_true", help="time one draw of each sampler instead")
+    flags.add_argument("--requests", type=int, metavar="BATCHES", help="time this many batches of requests instead")
     args = flags.parse_args(argv)
     texts, rows = instructions(args.texts, 0), []
     if args.sampler:
         return [sampler_row(args.model, setting, texts) for setting in args.settings]
+    if args.requests:
+        return [requests_row(args.model, setting, args.requests) for setting in args.settings]
     for setting in args.settings:
         dtype_name, batch_size, *plain = setting.split(":")
         target = load_model(args.model, device=torch.device("cpu"), dtype=getattr(torch, dtype_name))
@@ -57,6 +63,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def requests_row(model: str, setting: str, batches: int) -> dict:
+    """Requests the target writes itself at this setting's batch size: kept a second, over `batches` batches after
+    one to warm up."""
+    dtype_name, batch_size = setting.split(":")[:2]
+    target = load_model(model, device=torch.device("cpu"), dtype=getattr(torch, dtype_name))
+    write_batch(target, int(batch_size), seed=-1)
+    started, kept = time.perf_counter(), 0
+    for index in range(batches):
+        kept += len(write_batch(target, int(batch_size), seed=index))
+    seconds = time.perf_counter() - started
+    row = dict(dtype=dtype_name, batch_size=int(batch_size), batches=batches, requests_kept=kept,
+               seconds=round(seconds, 1), requests_per_second=round(kept / seconds, 2))  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def sampler_row(model: str, setting: str, texts: list[str], repeats: int = 21) -> dict:

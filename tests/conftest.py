@@ -4,6 +4,7 @@ tiers (slow: a real model or the app; browser: Chromium), set from the fixtures 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +16,9 @@ from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model
 from tests.helpers import tiny_model, train_tiny_head
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
+if "PYTEST_XDIST_WORKER" in os.environ:  # each worker's apps keep their files apart: a worker's count of its
+    # downloads folder must not meet another's runs (test_many_runs_leave_a_bounded_folder_of_downloads did, once)
+    os.environ.setdefault("GRADIO_TEMP_DIR", tempfile.mkdtemp(prefix=f"gradio-{os.environ['PYTEST_XDIST_WORKER']}-"))
 
 SLOW_FIXTURES = {"offline_model", "offline_bfloat16", "app", "app_server", "client", "gemma", "browser"}
 

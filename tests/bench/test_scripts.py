@@ -74,6 +74,10 @@ def run_script(name: str, argv: list[str]) -> object:
         ),
         ("head_greedy", ["--held-out", "0-0", "--new-tokens", "16"]),
         ("head_context", [*CONTEXT, "--prompts", "PROMPTS"]),
+        (
+            "recurrent",
+            ["--max-new-tokens", "6", "--seeds", "0", "--runs", "head W=1", "--prompts", "PROMPTS", "PROMPTS"],
+        ),
     ],
 )
 def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
@@ -89,6 +93,15 @@ def test_each_analysis_script_runs_on_a_tiny_model(tiny, name, options, capsys):
     assert run_script(name, ["--model", str(model), "--dtype", "float32", *prompt_flags, *options])
     assert capsys.readouterr().out.strip()
     assert fitting.training_loss is loss, "a script left the training loss replaced for the tests after it"
+
+
+def test_text_speed_times_requests_the_target_writes(tmp_path, capsys):
+    """--requests on a tiny model with a chat template (the module's tiny model has none: no requests of its own)."""
+    tokenizer = word_tokenizer(WORDS)
+    tokenizer.chat_template = "{% for message in messages %}write {{ message['content'] }} </s> {% endfor %}"
+    model = save_tiny_model(tmp_path / "model", tokenizer, seed=0)
+    [row] = run_script("text_speed", ["--model", str(model), "--requests", "1", "--settings", "float32:4"])
+    assert row["batches"] == 1 and row["requests_per_second"] >= 0 and capsys.readouterr().out.strip()
 
 
 def test_compare_heads_pools_two_heads_outputs_prompt_by_prompt(tiny, capsys, tmp_path):

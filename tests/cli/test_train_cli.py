@@ -17,6 +17,9 @@ from specdemo.training.data import DataSettings, check_disk
     [
         (["--steps", "0"], "steps must be between 1 and"),
         (["--texts", "5"], "texts must be between 16 and 9600, got 5."),
+        (["--texts", "9700"], "texts must be between 16 and 9600, got 9700."),  # the package holds 9,600
+        (["--instructions", "both", "--texts", "19300"], "texts must be between 16 and 19200, got 19300."),
+        (["--generate-batch-size", "2048"], "generate-batch-size must be between 1 and 1024, got 2048."),
         (["--new-tokens", "4000"], "new-tokens must be between 16 and 1024"),
         (["--depth", "0"], "depth must be between 1 and 16"),
         (["--vocabulary-size", "3"], "vocabulary-size must be between 16 and"),
