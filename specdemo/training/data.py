@@ -107,12 +107,12 @@ def write_texts(target: LoadedModel, settings: DataSettings, cache: Path, layers
         package, own = (write_texts(target, half, cache, layers) for half in halves(settings))
         return [path for pair in zip_longest(package, own) for path in pair if path is not None]
     check_disk(cache, settings, target.model.config.hidden_size, max(1, len(layers)))
-    if settings.instructions == "target":
-        requests = cache / TARGET_REQUESTS / "requests.json"
+    paths = chunk_paths(cache, settings)
+    if settings.instructions == "target":  # the requests' file lies beside their texts
+        requests = paths[0].with_name("requests.json")
         texts = written_requests(target, settings.num_texts, settings.batch_size, settings.seed, requests)
     else:
         texts = instructions(settings.num_texts, settings.seed)  # a run with fewer texts shares the first chunks
-    paths = chunk_paths(cache, settings)
     missing = [index for index, path in enumerate(paths) if not texts_written(path, settings)]
     for index in tqdm(missing, desc="target writes its texts", unit="chunk", disable=not missing):
         batch = texts[index * settings.batch_size : (index + 1) * settings.batch_size]
