@@ -58,8 +58,8 @@ def add_run_flags(parser: argparse.ArgumentParser, num_candidates: bool = True) 
         "--dtype",
         default="auto",
         metavar="{" + ",".join(DTYPE_CHOICES) + "}",
-        help="weights and activations (probabilities stay float32); auto (the default): bfloat16 on CUDA and on CPUs "
-        "with AMX or AVX-512 BF16, float32 elsewhere",
+        help="weights and activations (probabilities stay float32); auto (the default): bfloat16 on GPUs of compute "
+        "8.0 or newer and on CPUs with AMX or AVX-512 BF16, float16 on older GPUs (a T4), float32 elsewhere",
     )
     parser.add_argument("--debug", action="store_true", help="show the Python traceback when a run fails")
 

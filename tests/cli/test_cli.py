@@ -134,7 +134,7 @@ def test_running_out_of_device_memory_is_one_sentence_and_exit_2(monkeypatch, ca
 CPU = torch.device("cpu")
 NO_NATIVE_BFLOAT16 = (
     "error: This CPU has no native bfloat16 (AMX or AVX-512 BF16), so bfloat16 would run in software and be slow; "
-    "CUDA GPUs and CPUs with AMX or AVX-512 BF16 support it: use auto or float32."
+    "GPUs of compute 8.0 or newer and CPUs with AMX or AVX-512 BF16 support it: use auto or float32."
 )
 
 
@@ -172,11 +172,24 @@ def test_dtype_bfloat16_decodes_in_bfloat16_where_the_cpu_has_it(offline_model, 
 
 @pytest.mark.parametrize("command", [["generate", "--prompt", PROMPT], ["bench", "--repeats", "1"]])
 def test_an_unknown_dtype_gets_one_sentence_naming_the_choices(command, capsys):
-    assert main([*command, "--dtype", "float16"]) == 2
+    assert main([*command, "--dtype", "float64"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: Unknown number format 'float16': use auto (bfloat16 where the device computes in it natively, else "
-        "float32), float32 or bfloat16."
+        "error: Unknown number format 'float64': use auto (bfloat16 where the device computes in it natively, float16 "
+        "on older GPUs, else float32), float32, bfloat16 or float16."
     )
+
+
+def test_dtype_float16_decodes_in_float16_on_the_cpu_with_float32_probabilities(offline_model, capsys):
+    """What a T4 runs, dry-run here: --dtype float16 is offered (and named in --help), and the run's probabilities
+    are float32's, between 0 and 1."""
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "--dtype {auto,float32,bfloat16,float16}" in capsys.readouterr().out
+    assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "8", "--json", "--dtype", "float16"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["dtype"], result["dtype_reason"], result["device"]) == ("float16", "float16 (chosen)", "cpu")
+    assert 0 < len(result["generated_token_ids"]) <= 8
+    assert all(0 <= p <= 1 for r in result["rounds"] for p in r["acceptance_probs"])
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,19 @@ import torch
 from specdemo.models import loading as models
 from specdemo.models.loading import (
     OFFLINE_DEFAULT,
+    device_memory,
     dtype_reason,
+    load_config,
     load_model,
     native_bfloat16,
     pick_device,
     resolve_dtype,
     resolve_source,
+    weight_bytes,
 )
 from specdemo.models.offline import OFFLINE_MODELS, offline_source, one_gguf_reader
 from specdemo.models.shared import ModelCache
+from tests.helpers import save_tiny_model, tiny_model, word_tokenizer
 
 CPU = torch.device("cpu")
 
@@ -65,8 +69,10 @@ def test_auto_picks_bfloat16_only_where_the_device_computes_in_it(monkeypatch):
     assert resolve_dtype("auto", CPU) == torch.bfloat16 and resolve_dtype("bfloat16", CPU) == torch.bfloat16
     assert dtype_reason("auto", CPU) == "bfloat16 (auto: this CPU has native bfloat16)"
     assert dtype_reason("auto", torch.device("cuda")) == "bfloat16 (auto: CUDA)"
-    for name in ["float16", "Auto", ""]:
-        with pytest.raises(ValueError, match=r"^Unknown number format .*: use auto .*, float32 or bfloat16\.$"):
+    for name in ["float64", "Auto", ""]:
+        with pytest.raises(
+            ValueError, match=r"^Unknown number format .*: use auto .*, float32, bfloat16 or float16\.$"
+        ):
             resolve_dtype(name, CPU)
 
 
@@ -112,3 +118,59 @@ def test_offline_default_loads_from_the_converted_cache_in_seconds(offline_model
     seconds = time.perf_counter() - started
     assert again.model.config.vocab_size == 49152
     assert seconds < 15, f"second start took {seconds:.1f} s; the safetensors cache is not being used"
+
+
+def test_weight_bytes_counts_a_tied_embedding_once():
+    """Counted on the meta device, a model whose output layer is its input embedding counts that matrix once, as the
+    loaded model holds it (accelerate's init_empty_weights untied it: SmolLM2-135M came to 162.8M, not 134.5M)."""
+    for tied in (True, False):
+        model = tiny_model(0)
+        model.config.tie_word_embeddings = tied
+        built = type(model)(model.config)  # ties, or not, as from_pretrained would
+        held = sum(parameter.numel() for parameter in built.parameters())
+        assert weight_bytes(built.config, torch.float16) == 2 * held, f"tied={tied}"
+        assert (built.lm_head.weight is built.model.embed_tokens.weight) == tied
+
+
+def test_on_zerogpu_cuda_memory_is_the_lent_gpus_and_loading_skips_the_warm_up(tmp_path, monkeypatch):
+    """The Space's own process has no GPU: the memory is the whole GPU a call is lent (free and total), not what
+    torch reads; and a load runs no warm-up passes there (they would run on the CPU through spaces' emulation)."""
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    monkeypatch.setenv("ZEROGPU_CUDA_TOTAL_MEMORY", str(48 * 2**30))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: pytest.fail("torch's CUDA memory was read"))
+    assert device_memory(torch.device("cuda")) == (48 * 2**30, 48 * 2**30)
+    assert device_memory(CPU)[1] > 0  # the CPU's as ever
+    directory = save_tiny_model(tmp_path / "model", word_tokenizer(["<unk>", "</s>", "a"]), seed=0)
+    warmed = []
+    monkeypatch.setattr(models, "warm_up", warmed.append)
+    load_model(str(directory), device=CPU)
+    assert warmed == []
+    monkeypatch.setenv("SPACES_ZERO_GPU", "false")
+    loaded = load_model(str(directory), device=CPU)
+    assert warmed == [loaded.model]
+
+
+def test_a_gated_repository_is_one_sentence_naming_hf_token(monkeypatch):
+    """huggingface_hub's GatedRepoError, as transformers wraps it in an OSError of its own: not "does not exist"."""
+    from huggingface_hub.errors import GatedRepoError
+
+    def refuse(*args, **kwargs):
+        gated = GatedRepoError.__new__(GatedRepoError)  # its constructor wants an HTTP response
+        Exception.__init__(gated, "401 Client Error. Cannot access gated repo for url ...")
+        raise OSError("You are trying to access a gated repo.") from gated
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no probe of the Hub
+    monkeypatch.setattr(models.AutoConfig, "from_pretrained", refuse)
+    with pytest.raises(ValueError) as refused:
+        load_config("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
+    assert str(refused.value) == (
+        "'meta-llama/Llama-3.1-8B-Instruct' is gated on the Hub: accept its licence on its model page and set "
+        "HF_TOKEN (a Space secret) to a token of that account, or pick another pair."
+    )
+
+    def missing(*args, **kwargs):
+        raise OSError("nobody/no-such-model is not a local folder and is not a valid model identifier")
+
+    monkeypatch.setattr(models.AutoConfig, "from_pretrained", missing)
+    with pytest.raises(ValueError, match=r"^Could not load 'nobody/no-such-model': it does not exist"):
+        load_config("nobody/no-such-model", "nobody/no-such-model")
