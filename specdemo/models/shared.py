@@ -5,19 +5,23 @@ from __future__ import annotations
 import gc
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
-from specdemo.models.loading import LoadedModel, load_model
+from specdemo.models.loading import MEMORY_HEADROOM, LoadedModel, free_memory_bytes, load_model
 from specdemo.models.offline import Progress
+from specdemo.models.platform import on_zerogpu
 from specdemo.models.tree_cache import empty_cuda_cache
 
 
 class ModelCache:
     """Loaded models shared across runs and users: least recently used first out, one load per model at a time.
 
-    `pinned` (the offline default) is never evicted; at most `capacity` others stay loaded.
+    `pinned` (the offline default) is never evicted; at most `capacity` others stay loaded, and fewer when a pair
+    needs their memory (make_room). Evicting a model drops the cache's reference only: a run still decoding with it
+    holds its own, so its memory comes back when that run ends (make_room then finds less free than it hoped, and the
+    load is refused in one sentence, as it would have been).
     """
 
     def __init__(self, loader: Callable[..., LoadedModel] = load_model, capacity: int = 2, pinned: str = "") -> None:
@@ -56,15 +60,48 @@ class ModelCache:
             self.models.move_to_end(loaded.name)
             self._evict()
 
+    def free_bytes(self, device: torch.device) -> int:
+        """The memory free on `device` for more weights. On ZeroGPU, the lent GPU's less the weights held on it here:
+        every call moves all of them onto the GPU it is lent (loading.device_memory)."""
+        free = free_memory_bytes(device)
+        if device.type == "cuda" and on_zerogpu():
+            with self.lock:
+                free -= sum(loaded.weights_bytes for loaded in self.models.values() if loaded.device.type == "cuda")
+        return free
+
+    def make_room(self, needed: int, device: torch.device, keep: Collection[str] = ()) -> int:
+        """Evict idle models on `device`, least recently used first, until weights of `needed` bytes fit what is free
+        there (within MEMORY_HEADROOM), or none is left to evict: never the pinned one, nor those in `keep` (the pair
+        being loaded). Returns the bytes free after; the caller refuses the load if they are still too few."""
+        while True:
+            free = self.free_bytes(device)
+            if needed <= MEMORY_HEADROOM * free:
+                return free
+            with self.lock:
+                idle = [  # a model elsewhere frees nothing on `device`
+                    name
+                    for name, loaded in self.models.items()
+                    if name != self.pinned and name not in keep and loaded.device.type == device.type
+                ]
+                if not idle:
+                    return free
+                del self.models[idle[0]]  # the front of the OrderedDict: used least recently
+            _release_memory()
+
     def _evict(self) -> None:
         evictable = [name for name in self.models if name != self.pinned]
         evicted = evictable[: max(0, len(evictable) - self.capacity)]
         for name in evicted:
             del self.models[name]
         if evicted:  # runs still holding an evicted model keep it alive until they finish
-            gc.collect()
-            if torch.cuda.is_available():
-                empty_cuda_cache()
+            _release_memory()
+
+
+def _release_memory() -> None:
+    """Free what evicted models held, now that nothing here refers to them."""
+    gc.collect()
+    if torch.cuda.is_available():
+        empty_cuda_cache()
 
 
 def _serves(loaded: LoadedModel, load_options: dict[str, object]) -> bool:

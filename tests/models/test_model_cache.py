@@ -7,8 +7,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from specdemo.models.shared import ModelCache
+
+CPU = torch.device("cpu")
 
 
 class CountingLoader:
@@ -52,3 +55,47 @@ def test_a_failed_load_leaves_nothing_behind():
     with pytest.raises(ValueError, match="broken/model"):
         cache.get("broken/model")
     assert list(cache.models) == ["a/model"]
+
+
+class Held:
+    """Stands in for a LoadedModel: its name, where it runs and what its weights take."""
+
+    def __init__(self, name: str, progress=None, device: torch.device = CPU, weights_bytes: int = 100, **options):
+        self.name, self.device, self.weights_bytes = name, device, weights_bytes
+
+
+def test_make_room_evicts_idle_models_least_recently_used_first_never_the_pinned_or_the_kept(monkeypatch):
+    """Free memory is 1000 bytes less what the cache holds, each model 100. Room for 380 bytes of weights needs 475
+    free (MEMORY_HEADROOM 0.8): the two idle models used least recently go, not the pinned one nor the kept one."""
+    cache = ModelCache(Held, capacity=10, pinned="default")
+    monkeypatch.setattr(
+        "specdemo.models.shared.free_memory_bytes",
+        lambda device: 1000 - sum(loaded.weights_bytes for loaded in cache.models.values()),
+    )
+    for name in ["default", "a/one", "a/two", "a/three", "a/four", "a/five", "a/six"]:
+        cache.get(name)
+    cache.get("a/one")  # used again: now the most recent
+    assert cache.free_bytes(CPU) == 300
+    free = cache.make_room(380, CPU, keep=["a/two"])  # 380 <= 0.8 * free needs free >= 475: two evictions
+    assert free == 500 and list(cache.models) == ["default", "a/two", "a/five", "a/six", "a/one"]
+    assert cache.make_room(380, CPU) == 500 and len(cache.models) == 5  # fits already: nothing evicted
+    free = cache.make_room(10_000, CPU, keep=["a/six"])  # can never fit: every idle model goes, then it gives up
+    assert free == 800 and list(cache.models) == ["default", "a/six"]
+
+
+def test_on_zerogpu_the_weights_held_on_the_gpu_count_against_the_lent_gpu(monkeypatch):
+    """Every ZeroGPU call moves all models the process holds onto the lent GPU: what is free for more weights is the
+    lent GPU's memory less theirs (models on the CPU aside)."""
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    monkeypatch.setenv("ZEROGPU_CUDA_TOTAL_MEMORY", "1000")
+    cuda = torch.device("cuda")
+    cache = ModelCache(lambda name, progress, **options: Held(name, **options), capacity=10)
+    cache.get("a/gpu", device=cuda, weights_bytes=300)
+    cache.get("b/gpu", device=cuda, weights_bytes=200)
+    cache.get("c/cpu", device=CPU, weights_bytes=400)
+    assert cache.free_bytes(cuda) == 500
+    assert cache.make_room(600, cuda) == 800 and list(cache.models) == ["b/gpu", "c/cpu"]
+    assert cache.make_room(10_000, cuda) == 1000 and list(cache.models) == ["c/cpu"]  # the CPU's frees nothing
+    monkeypatch.setenv("SPACES_ZERO_GPU", "false")
+    monkeypatch.setattr("specdemo.models.shared.free_memory_bytes", lambda device: 1000)
+    assert cache.free_bytes(cuda) == 1000  # a real GPU's free memory already leaves out what is on it
