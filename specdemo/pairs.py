@@ -16,7 +16,11 @@ from specdemo.models.loading import (
     Progress,
     check_model_name,
     check_same_tokenizer,
-    free_memory_bytes,
+    device_memory,
+    gated_on_hub,
+    gated_sentence,
+    hub_offline,
+    hub_token_set,
     load_config,
     pick_device,
     readable_bytes,
@@ -25,6 +29,21 @@ from specdemo.models.loading import (
     weight_bytes,
 )
 from specdemo.models.shared import ModelCache
+
+PARAMETER_COUNTS = {  # model -> parameters (a tied embedding once), so a pair's weights are known with no network
+    OFFLINE_DEFAULT: 134_515_008,  # counted here from the offline package's config, as HuggingFaceTB's below
+    "gemma-3-270m": 268_098_176,  # counted here from the offline package's config
+    "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
+    "HuggingFaceTB/SmolLM2-360M-Instruct": 361_800_000,  # the rest: the model cards' counts, rounded
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": 1_710_000_000,
+    "Qwen/Qwen2.5-0.5B-Instruct": 494_000_000,
+    "Qwen/Qwen2.5-1.5B-Instruct": 1_540_000_000,
+    "Qwen/Qwen2.5-7B-Instruct": 7_620_000_000,
+    "meta-llama/Llama-3.2-1B-Instruct": 1_240_000_000,
+    "meta-llama/Llama-3.1-8B-Instruct": 8_030_000_000,
+    "google/gemma-3-270m-it": 268_000_000,
+    "google/gemma-3-1b-it": 1_000_000_000,
+}
 
 
 @dataclass(frozen=True)
@@ -39,10 +58,22 @@ class Pair:
     needs_hub: bool  # False: runs with no network (offline packages)
     suggested_hardware: str  # "cpu" or "gpu"
     draft_temperature: float | None = None  # None: the draft samples with the target's settings
+    gated: bool = False  # True: a model's licence must be accepted on the Hub, and HF_TOKEN set (loading.gated_on_hub)
 
     @property
     def uses_draft_model(self) -> bool:
         return not is_model_free(self.drafter)
+
+    @property
+    def model_names(self) -> list[str]:
+        """The models it loads: the target, and the draft model unless it is the target or a model-free kind."""
+        return list(dict.fromkeys([self.target] + ([self.drafter] if self.uses_draft_model else [])))
+
+    @property
+    def parameter_counts(self) -> dict[str, int | None]:
+        """Each model's parameters, from PARAMETER_COUNTS; None for a model it does not list (a custom pair's).
+        A model-free drafter counts nothing (a recurrent head's 3.7M parameters are left out)."""
+        return {name: PARAMETER_COUNTS.get(name) for name in self.model_names}
 
 
 PAIRS: tuple[Pair, ...] = (
@@ -153,6 +184,7 @@ PAIRS: tuple[Pair, ...] = (
         "Across releases of one tokenizer (gated on the Hub: accept the licence).",
         needs_hub=True,
         suggested_hardware="gpu",
+        gated=True,
     ),
     Pair(
         "gemma-3-270m-1b",
@@ -162,6 +194,7 @@ PAIRS: tuple[Pair, ...] = (
         "The smallest Gemma drafting for the next size up (gated on the Hub: accept the licence).",
         needs_hub=True,
         suggested_hardware="gpu",
+        gated=True,
     ),
 )
 PAIRS_BY_KEY = {pair.key: pair for pair in PAIRS}
@@ -191,18 +224,67 @@ def custom_pair(target: str, drafter: str, allow_local: bool = False) -> Pair:
         "Your own pair.",
         needs_hub=True,
         suggested_hardware="gpu",
+        gated=gated_on_hub(target) or gated_on_hub(drafter),
     )
 
 
 def pairs_table() -> str:
-    """The pairs as the CLI lists them."""
+    """The pairs as the CLI lists them; a pair too big for this device in the format auto picks, or gated without
+    a token, says so after its label."""
+    marks = pair_marks(pick_device())
     lines = [f"{'key':22s} {'network':8s} {'hardware':8s} label"]
     for pair in PAIRS:
         lines.append(
             f"{pair.key:22s} {'Hub' if pair.needs_hub else 'offline':8s} {pair.suggested_hardware:8s} "
-            f"{pair.label}\n{'':40s}{pair.note}"
+            f"{pair.label}{marks[pair.key]}\n{'':40s}{pair.note}"
         )
     return "\n".join(lines)
+
+
+def pair_weight_bytes(pair: Pair, dtype: torch.dtype) -> int | None:
+    """The bytes of the pair's weights in `dtype`, from PARAMETER_COUNTS (no network); None when a model is not
+    listed."""
+    counts = pair.parameter_counts.values()
+    return None if None in counts else sum(counts) * dtype.itemsize  # type: ignore[arg-type]
+
+
+def usable_bytes(device: torch.device) -> float:
+    """What weights may take of the device's whole memory: the rest is for the KV cache and the passes."""
+    return MEMORY_HEADROOM * device_memory(device)[1]
+
+
+def pair_fits(pair: Pair, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the pair's weights in `dtype` fit `device` with nothing else loaded (an unlisted model: assumed so,
+    and checked on load)."""
+    needed = pair_weight_bytes(pair, dtype)
+    return needed is None or needed <= usable_bytes(device)
+
+
+def fitting_pairs(device: torch.device, dtype: torch.dtype) -> list[Pair]:
+    """The registry's pairs whose weights in `dtype` fit `device`."""
+    return [pair for pair in PAIRS if pair_fits(pair, device, dtype)]
+
+
+def needs_token(pair: Pair) -> bool:
+    """Whether the pair is gated and no Hub token is set (with HF_HUB_OFFLINE, files come from the local cache)."""
+    return pair.gated and not hub_offline() and not hub_token_set()
+
+
+def pair_marks(device: torch.device) -> dict[str, str]:
+    """What the pair dropdown and the CLI's list add after each pair's label: too big for `device` in the format auto
+    picks there, e.g. " — too big for this GPU: needs 18.5 GB, 12.6 GB usable", or gated with no token set."""
+    dtype, usable = resolve_dtype("auto", device), usable_bytes(device)
+    noun = {"cpu": "this CPU", "cuda": "this GPU"}.get(device.type, f"this {device.type} device")
+    marks = {}
+    for pair in PAIRS:
+        needed = pair_weight_bytes(pair, dtype)
+        mark = ""
+        if needed is not None and needed > usable:
+            mark = f" — too big for {noun}: needs {readable_bytes(needed)}, {readable_bytes(usable)} usable"
+        if needs_token(pair):
+            mark += " — gated: needs HF_TOKEN"
+        marks[pair.key] = mark
+    return marks
 
 
 def load_pair(
@@ -211,11 +293,13 @@ def load_pair(
     progress: Progress = lambda message: None,
     device: torch.device | None = None,
     allow_local: bool = False,
-    dtype: torch.dtype | None = None,  # default: the device's (bfloat16 on CUDA, float32 elsewhere)
+    dtype: torch.dtype | None = None,  # default: resolve_dtype("auto", device)
 ) -> tuple[LoadedModel, LoadedModel | None]:
-    """The pair's target and draft model (None for prompt lookup), through the shared cache; refuses a pair whose
-    weights do not fit the device's free memory before loading either, and a draft whose tokenizer differs from the
-    target's before anything runs."""
+    """The pair's target and draft model (None for a model-free drafter), through the shared cache. Before loading
+    either, refuses a gated pair when no Hub token is set, and a pair whose weights do not fit the memory free on the
+    device once idle models are evicted; after, a draft whose tokenizer differs from the target's."""
+    if needs_token(pair):
+        raise ValueError(gated_sentence([name for name in pair.model_names if gated_on_hub(name)]))
     check_pair_fits(pair, cache, progress, device or pick_device(), dtype, allow_local)
     target = cache.get(pair.target, progress, device=device, allow_local=allow_local, dtype=dtype)
     if not pair.uses_draft_model:
@@ -226,32 +310,47 @@ def load_pair(
     return target, draft
 
 
+def model_weight_bytes(name: str, dtype: torch.dtype, progress: Progress, allow_local: bool) -> int:
+    """A model's weights in `dtype`: from PARAMETER_COUNTS, else counted on its config (which the Hub may have to
+    send)."""
+    count = PARAMETER_COUNTS.get(name)
+    if count is not None:
+        return count * dtype.itemsize
+    return weight_bytes(load_config(name, resolve_source(name, progress, allow_local)), dtype)
+
+
 def check_pair_fits(
     pair: Pair,
     cache: ModelCache,
     progress: Progress,
     device: torch.device,
-    dtype: torch.dtype | None,
+    dtype: torch.dtype | None,  # None: whatever format a held model is in serves; auto's for the rest
     allow_local: bool,
 ) -> None:
-    """Refuse, before either loads, a pair whose models not yet held need more than the device's free memory
-    together (each alone is checked again as it loads)."""
-    names = [pair.target] + ([pair.drafter] if pair.uses_draft_model else [])
-    missing = [name for name in dict.fromkeys(names) if not cache.holds(name, device=device, dtype=dtype)]
-    if len(missing) < 2:
+    """Refuse, before either loads, a pair whose models not yet held need more than the memory free on `device`,
+    after evicting idle models (least recently used first, never the pair's own) to make room."""
+    missing = [name for name in pair.model_names if not cache.holds(name, device=device, dtype=dtype)]
+    if not missing:
         return
+    held = [name for name in pair.model_names if name not in missing]
     dtype = dtype or resolve_dtype("auto", device)
-    needed = {
-        name: weight_bytes(load_config(name, resolve_source(name, progress, allow_local)), dtype) for name in missing
-    }
-    free = free_memory_bytes(device)
+    needed = {name: model_weight_bytes(name, dtype, progress, allow_local) for name in missing}
+    free = cache.make_room(sum(needed.values()), device, keep=held)
     if sum(needed.values()) > MEMORY_HEADROOM * free:
-        each = " and ".join(f"{name} {readable_bytes(size)}" for name, size in needed.items())
-        raise ValueError(
-            f"The pair '{pair.key}' needs about {readable_bytes(sum(needed.values()))} for its weights ({each}) but "
-            f"only {readable_bytes(free)} is free on {device.type}: pick a smaller pair, or run it on a machine with a "
-            "larger GPU."
-        )
+        raise ValueError(_too_big(pair, needed, free, device, dtype))
+
+
+def _too_big(pair: Pair, needed: dict[str, int], free: int, device: torch.device, dtype: torch.dtype) -> str:
+    """The refusal of a pair that does not fit, in one sentence: what it needs, what is free, and the pairs that fit."""
+    each = " and ".join(f"{name} {readable_bytes(size)}" for name, size in needed.items())
+    fitting = [other.key for other in fitting_pairs(device, dtype) if other.key != pair.key]
+    instead = f"pick a pair that fits ({', '.join(fitting)})" if fitting else "no listed pair fits it"
+    return (
+        f"The pair '{pair.key}' needs about {readable_bytes(sum(needed.values()))} for its weights ({each}) in "
+        f"{str(dtype).removeprefix('torch.')}, more than the {readable_bytes(MEMORY_HEADROOM * free)} they may take "
+        f"of the {readable_bytes(free)} free on {device.type} with idle models unloaded: {instead}, or run it on a "
+        "machine with a larger GPU."
+    )
 
 
 def make_drafter(pair: Pair, target: LoadedModel, draft: LoadedModel | None, options: object | None = None) -> Drafter:

@@ -16,16 +16,35 @@ from specdemo.drafters.registry import DRAFTER_KINDS
 from specdemo.engine.decoding import speculative_generate
 from specdemo.models.loading import (
     MEMORY_HEADROOM,
+    OFFLINE_DEFAULT,
+    LoadedModel,
     chat_prompt_ids,
     check_model_name,
+    gated_on_hub,
     load_config,
     load_model,
     weight_bytes,
 )
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import DEFAULT_PAIR, NGRAM, PAIRS, custom_pair, find_pair, load_pair, make_drafter
-from tests.helpers import save_tiny_model, word_tokenizer
+from specdemo.pairs import (
+    DEFAULT_PAIR,
+    NGRAM,
+    PAIRS,
+    PAIRS_BY_KEY,
+    PARAMETER_COUNTS,
+    custom_pair,
+    find_pair,
+    fitting_pairs,
+    load_pair,
+    make_drafter,
+    pair_marks,
+)
+from tests.helpers import save_tiny_model, tiny_model, word_tokenizer
+from tests.models.test_float16 import simulate_gpu
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+T4_MEMORY = 15_828_320_256  # what torch.cuda.mem_get_info reports as a T4's total
 
 
 def test_registry_is_well_formed():
@@ -39,6 +58,8 @@ def test_registry_is_well_formed():
                 check_model_name(name, allow_local=False)  # every name is valid where the app takes it
         offline = pair.target in OFFLINE_MODELS and pair.drafter in {*OFFLINE_MODELS, *DRAFTER_KINDS}
         assert pair.needs_hub == (not offline), pair.key
+        assert None not in pair.parameter_counts.values(), f"{pair.key}: add its models to PARAMETER_COUNTS"
+        assert pair.gated == any(gated_on_hub(name) for name in pair.model_names), pair.key
     assert {pair.key for pair in PAIRS if not pair.needs_hub} >= {
         "smollm2-135m-ngram",
         "smollm2-135m-suffix",
@@ -163,12 +184,134 @@ def test_a_pair_too_large_together_is_refused_before_either_loads(tmp_path, monk
     words = word_tokenizer(["<unk>", "</s>", "a", "b"])
     target, draft = save_tiny_model(tmp_path / "target", words, seed=0), save_tiny_model(tmp_path / "draft", words, 1)
     size = weight_bytes(load_config(str(target), str(target)), torch.float32)
-    monkeypatch.setattr("specdemo.pairs.free_memory_bytes", lambda device: int(1.5 * size / MEMORY_HEADROOM))
+    monkeypatch.setattr("specdemo.models.shared.free_memory_bytes", lambda device: int(1.5 * size / MEMORY_HEADROOM))
     cache = ModelCache()
     pair = custom_pair(str(target), str(draft), allow_local=True)
-    with pytest.raises(ValueError, match=r"needs about .* kB for its weights \(.* and .*\) but only .* kB is free on"):
+    with pytest.raises(ValueError, match=r"needs about .* kB for its weights \(.* and .*\) in float32, more than the"):
         load_pair(pair, cache, device=torch.device("cpu"), allow_local=True, dtype=torch.float32)
     assert not cache.models
-    monkeypatch.setattr("specdemo.pairs.free_memory_bytes", lambda device: int(2.5 * size / MEMORY_HEADROOM))
+    monkeypatch.setattr("specdemo.models.shared.free_memory_bytes", lambda device: int(2.5 * size / MEMORY_HEADROOM))
     _, loaded_draft = load_pair(pair, cache, device=torch.device("cpu"), allow_local=True)
     assert loaded_draft is not None and set(cache.models) == {str(target), str(draft)}
+
+
+def test_the_offline_models_parameter_counts_are_those_loaded(offline_model):
+    """PARAMETER_COUNTS against what loads here: SmolLM2-135M (a tied embedding, counted once) and, when its package
+    is installed, Gemma 3 270M, counted on its config."""
+    count = PARAMETER_COUNTS[OFFLINE_DEFAULT]
+    assert offline_model.model.num_parameters() == count == PARAMETER_COUNTS["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert weight_bytes(offline_model.model.config, torch.bfloat16) == 2 * count
+    gemma = OFFLINE_MODELS["gemma-3-270m"]
+    if package_dir(gemma) is not None:
+        from specdemo.models.loading import resolve_source
+
+        config = load_config(gemma.name, resolve_source(gemma.name, print))
+        assert weight_bytes(config, torch.float32) == 4 * PARAMETER_COUNTS[gemma.name]
+
+
+class TinyLoader:
+    """Stands in for load_model: the tiny float32 model named, on the CPU, counting loads."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.tokenizer = word_tokenizer(["<unk>", "</s>", "a", "b"])
+        self.models = {name: tiny_model(seed, num_layers=1).float() for seed, name in enumerate(names)}
+        self.loads: list[str] = []
+
+    def __call__(self, name: str, progress, device=None, allow_local=False, dtype=None) -> LoadedModel:
+        self.loads.append(name)
+        return LoadedModel(name, self.models[name], self.tokenizer, CPU)
+
+
+def simulate_memory(monkeypatch, cache: ModelCache, total: int) -> None:
+    """A device of `total` bytes whose free memory is what the models the cache holds leave."""
+    free = lambda device: total - sum(loaded.weights_bytes for loaded in cache.models.values())  # noqa: E731
+    monkeypatch.setattr("specdemo.models.shared.free_memory_bytes", free)
+    monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (free(device), total))
+
+
+def test_a_pair_that_fits_only_without_the_last_one_evicts_it_and_loads(monkeypatch):
+    """Load pair A, then pair B, which fits only once A is gone: A's idle models are evicted before the check, not
+    after a load that never comes, and B loads. The cache's capacity alone would keep all four."""
+    names = ["org/a-target", "org/a-draft", "org/b-target", "org/b-draft"]
+    loader = TinyLoader(names)
+    for name, model in loader.models.items():
+        monkeypatch.setitem(PARAMETER_COUNTS, name, model.num_parameters())
+    size = max(model.get_memory_footprint() for model in loader.models.values())
+    cache = ModelCache(loader, capacity=10)
+    simulate_memory(monkeypatch, cache, int(3.2 * size))  # a pair takes 2 sizes of the 2.56 usable; two pairs: no
+    pair_a, pair_b = custom_pair(names[0], names[1]), custom_pair(names[2], names[3])
+    load_pair(pair_a, cache, device=CPU, dtype=torch.float32)
+    assert list(cache.models) == names[:2]
+    target, draft = load_pair(pair_b, cache, device=CPU, dtype=torch.float32)
+    assert (target.name, draft.name) == (names[2], names[3]) and list(cache.models) == names[2:]
+    assert loader.loads == names
+
+
+def test_a_pair_too_big_for_the_device_is_refused_naming_the_memory_and_the_pairs_that_fit(monkeypatch):
+    """Llama 3.1 8B with its 1B draft on a T4 in float16: 18.5 GB of weights, more than the 12.6 GB they may take of
+    its 15.8 GB; refused before anything loads, in one sentence naming the pairs that do fit."""
+    monkeypatch.setenv("HF_TOKEN", "hf_a_token_of_an_account_that_accepted_the_licence")
+    cache = ModelCache(lambda *args, **options: pytest.fail("loaded a pair that does not fit"))
+    simulate_memory(monkeypatch, cache, T4_MEMORY)
+    fitting = ", ".join(key for key in PAIRS_BY_KEY if key not in {"qwen2.5-0.5b-7b", "llama-3.2-1b-3.1-8b"})
+    with pytest.raises(ValueError) as refused:
+        load_pair(find_pair("llama-3.2-1b-3.1-8b"), cache, device=CUDA, dtype=torch.float16)
+    assert str(refused.value) == (
+        "The pair 'llama-3.2-1b-3.1-8b' needs about 18.5 GB for its weights (meta-llama/Llama-3.1-8B-Instruct 16.1 GB "
+        "and meta-llama/Llama-3.2-1B-Instruct 2.5 GB) in float16, more than the 12.7 GB they may take of the 15.8 GB "
+        f"free on cuda with idle models unloaded: pick a pair that fits ({fitting}), or run it on a machine with a "
+        "larger GPU."
+    )
+    assert [pair.key for pair in fitting_pairs(CUDA, torch.float16)] == fitting.split(", ")
+    assert [pair.key for pair in fitting_pairs(CUDA, torch.bfloat16)] == fitting.split(", ")
+    assert "qwen2.5-0.5b-7b" not in [pair.key for pair in fitting_pairs(CUDA, torch.float32)]
+
+
+def without_a_token(monkeypatch) -> None:
+    for variable in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr("specdemo.models.loading.get_token", lambda: None)  # no login on this machine either
+
+
+def test_a_gated_pair_without_a_token_is_refused_before_loading_and_marked(monkeypatch):
+    without_a_token(monkeypatch)
+    cache = ModelCache(lambda *args, **options: pytest.fail("loaded a gated pair without a token"))
+    with pytest.raises(ValueError) as refused:
+        load_pair(find_pair("llama-3.2-1b-3.1-8b"), cache, device=CPU)
+    assert str(refused.value) == (
+        "'meta-llama/Llama-3.1-8B-Instruct' and 'meta-llama/Llama-3.2-1B-Instruct' are gated on the Hub: accept "
+        "their licences on their model pages and set HF_TOKEN (a Space secret) to a token of that account, or pick "
+        "another pair."
+    )
+    with pytest.raises(ValueError, match=r"^'google/gemma-3-1b-it' and 'google/gemma-3-270m-it' are gated on the"):
+        load_pair(find_pair("gemma-3-270m-1b"), cache, device=CPU)
+    custom = custom_pair("meta-llama/Llama-3.2-1B-Instruct", NGRAM)
+    assert custom.gated
+    with pytest.raises(ValueError, match=r"^'meta-llama/Llama-3.2-1B-Instruct' is gated on the Hub: accept its "):
+        load_pair(custom, cache, device=CPU)
+    gated = {key for key, mark in pair_marks(CPU).items() if mark.endswith(" — gated: needs HF_TOKEN")}
+    assert gated == {"llama-3.2-1b-3.1-8b", "gemma-3-270m-1b"}
+    monkeypatch.setenv("HF_TOKEN", "hf_a_token")  # past the gate: to the memory check, then the loader
+    simulate_memory(monkeypatch, ModelCache(), 10**15)
+    with pytest.raises(pytest.fail.Exception, match="loaded a gated pair"):
+        load_pair(find_pair("gemma-3-270m-1b"), cache, device=CPU)
+    assert not any(mark.endswith("HF_TOKEN") for mark in pair_marks(CPU).values())
+
+
+def test_pairs_too_big_for_the_device_are_marked_in_the_format_auto_picks(monkeypatch, capsys):
+    """A T4: auto is float16 there, and the two pairs of 7B and 8B are marked; in the CLI's list too, its columns as
+    they were."""
+    simulate_gpu(monkeypatch, 7, 5)
+    monkeypatch.setenv("HF_TOKEN", "hf_a_token")
+    monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
+    marks = pair_marks(CUDA)
+    assert {key: mark for key, mark in marks.items() if mark} == {
+        "qwen2.5-0.5b-7b": " — too big for this GPU: needs 16.2 GB, 12.7 GB usable",
+        "llama-3.2-1b-3.1-8b": " — too big for this GPU: needs 18.5 GB, 12.7 GB usable",
+    }
+    assert main(["pairs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["key", "network", "hardware", "label"]
+    llama = next(line for line in lines if line.startswith("llama-3.2-1b-3.1-8b "))
+    assert llama.split()[:3] == ["llama-3.2-1b-3.1-8b", "Hub", "gpu"]
+    assert llama.endswith("Llama-3.2-1B → Llama-3.1-8B-Instruct — too big for this GPU: needs 18.5 GB, 12.7 GB usable")

@@ -22,8 +22,15 @@ from specdemo.config import (
     whole_number,
 )
 from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_fields
-from specdemo.models.loading import DTYPE_CHOICES, LOCAL_PATHS_VARIABLE, dtype_reason, pick_device, resolve_dtype
-from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, custom_pair, find_pair
+from specdemo.models.loading import (
+    AUTO_DTYPE_HELP,
+    DTYPE_CHOICES,
+    LOCAL_PATHS_VARIABLE,
+    dtype_reason,
+    pick_device,
+    resolve_dtype,
+)
+from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, custom_pair, find_pair, pair_marks
 
 Control = Literal["dropdown", "textbox", "slider", "number", "checkbox", "radio"]
 CUSTOM = "custom"
@@ -66,6 +73,13 @@ class Field:
         return gr.Textbox(spec.default, lines=1 if spec.step is None else int(spec.step), **common)
 
 
+def pair_choices(device: torch.device) -> list[tuple[str, str]]:
+    """The pair dropdown's (label, key) choices, each label marked when the pair is too big for `device` in the format
+    auto picks there, or gated with no Hub token set (pairs.pair_marks); then the custom pair."""
+    marks = pair_marks(device)
+    return [(pair.label + marks[pair.key], pair.key) for pair in PAIRS] + [("Custom: any two Hub ids", CUSTOM)]
+
+
 def whole(name: str) -> Callable[[Any], int]:
     return lambda value: whole_number(name, value)
 
@@ -99,7 +113,7 @@ RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, s
         "dropdown",
         DEFAULT_PAIR.key,
         "Draft / target pair",
-        choices=[(p.label, p.key) for p in PAIRS] + [("Custom: any two Hub ids", CUSTOM)],
+        choices=pair_choices(pick_device()),  # once, at import: where the cache loads models, and its memory
         elem_id="pair",
     ),
     Field("custom_target", "textbox", "", "Target (Hub id)", elem_id="custom-target", visible=False),
@@ -169,7 +183,7 @@ RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, s
         "dtype",
         "dropdown",
         "auto",
-        "Number format (auto: bfloat16 where the device computes in it natively, else float32)",
+        f"Number format (auto: {AUTO_DTYPE_HELP})",
         choices=list(DTYPE_CHOICES),
         elem_id="dtype",
         read=str,

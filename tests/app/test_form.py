@@ -67,3 +67,32 @@ def test_picking_a_pair_suggests_its_draft_temperature_and_setting_one_changes_n
     assert pair_draft_temperature("smollm2-135m-self") == 1.5
     assert isinstance(pair_draft_temperature("smollm2-135m-suffix"), type(gr.skip()))
     assert all("value" not in update for update in describe_pair("smollm2-135m-self")[1:] if isinstance(update, dict))
+
+
+def test_the_pair_dropdown_marks_pairs_too_big_for_this_gpu_and_gated_ones_without_a_token(monkeypatch):
+    """On a T4 (auto: float16) with no Hub token: the 7B and 8B pairs are too big, the Llama and Gemma pairs gated;
+    the page's dropdown was made the same way, once, at import, for this machine."""
+    import torch
+
+    from specdemo.app.form import by_name, pair_choices
+    from specdemo.models.loading import DTYPE_CHOICES, pick_device
+    from specdemo.pairs import PAIRS
+    from tests.models.test_float16 import simulate_gpu
+    from tests.test_pairs import T4_MEMORY, without_a_token
+
+    assert by_name(RUN_FIELDS, "pair").choices == pair_choices(pick_device())
+    assert by_name(RUN_FIELDS, "dtype").choices == list(DTYPE_CHOICES) == ["auto", "float32", "bfloat16", "float16"]
+    simulate_gpu(monkeypatch, 7, 5)
+    without_a_token(monkeypatch)
+    monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
+    labels = {key: label for label, key in pair_choices(torch.device("cuda"))}
+    too_big = " — too big for this GPU: needs {} GB, 12.7 GB usable"
+    assert labels == {
+        **{pair.key: pair.label for pair in PAIRS},
+        "qwen2.5-0.5b-7b": "Qwen2.5-0.5B → Qwen2.5-7B-Instruct" + too_big.format(16.2),
+        "llama-3.2-1b-3.1-8b": "Llama-3.2-1B → Llama-3.1-8B-Instruct"
+        + too_big.format(18.5)
+        + " — gated: needs HF_TOKEN",
+        "gemma-3-270m-1b": "gemma-3-270m-it → gemma-3-1b-it — gated: needs HF_TOKEN",
+        "custom": "Custom: any two Hub ids",
+    }
