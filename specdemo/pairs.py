@@ -274,13 +274,12 @@ def pair_marks(device: torch.device) -> dict[str, str]:
     """What the pair dropdown and the CLI's list add after each pair's label: too big for `device` in the format auto
     picks there, e.g. " — too big for this GPU: needs 18.5 GB, 12.6 GB usable", or gated with no token set."""
     dtype, usable = resolve_dtype("auto", device), usable_bytes(device)
-    noun = {"cpu": "this CPU", "cuda": "this GPU"}.get(device.type, f"this {device.type} device")
     marks = {}
     for pair in PAIRS:
         needed = pair_weight_bytes(pair, dtype)
         mark = ""
         if needed is not None and needed > usable:
-            mark = f" — too big for {noun}: needs {readable_bytes(needed)}, {readable_bytes(usable)} usable"
+            mark = f" — too big for {_this(device)}: needs {readable_bytes(needed)}, {readable_bytes(usable)} usable"
         if needs_token(pair):
             mark += " — gated: needs HF_TOKEN"
         marks[pair.key] = mark
@@ -328,28 +327,49 @@ def check_pair_fits(
     allow_local: bool,
 ) -> None:
     """Refuse, before either loads, a pair whose models not yet held need more than the memory free on `device`,
-    after evicting idle models (least recently used first, never the pair's own) to make room."""
+    after evicting idle models (least recently used first, never the pair's own) to make room; a pair too big for
+    the whole device is refused without evicting anything."""
     missing = [name for name in pair.model_names if not cache.holds(name, device=device, dtype=dtype)]
     if not missing:
         return
     held = [name for name in pair.model_names if name not in missing]
     dtype = dtype or resolve_dtype("auto", device)
     needed = {name: model_weight_bytes(name, dtype, progress, allow_local) for name in missing}
+    total = device_memory(device)[1]
+    if sum(needed.values()) > MEMORY_HEADROOM * total:
+        raise ValueError(_too_big(pair, needed, f"{_this(device)}'s {readable_bytes(total)}", device, dtype))
     free = cache.make_room(sum(needed.values()), device, keep=held)
     if sum(needed.values()) > MEMORY_HEADROOM * free:
-        raise ValueError(_too_big(pair, needed, free, device, dtype))
+        room = f"the {readable_bytes(free)} free on {_this(device)} once idle models are unloaded"
+        raise ValueError(_too_big(pair, needed, room, device, dtype, MEMORY_HEADROOM * free))
 
 
-def _too_big(pair: Pair, needed: dict[str, int], free: int, device: torch.device, dtype: torch.dtype) -> str:
-    """The refusal of a pair that does not fit, in one sentence: what it needs, what is free, and the pairs that fit."""
+def _this(device: torch.device) -> str:
+    return {"cpu": "this CPU", "cuda": "this GPU"}.get(device.type, f"this {device.type} device")
+
+
+def _too_big(
+    pair: Pair,
+    needed: dict[str, int],
+    room: str,  # the memory it was measured against, in words
+    device: torch.device,
+    dtype: torch.dtype,
+    usable: float | None = None,  # what weights may take of it; None: of the whole device
+) -> str:
+    """The refusal of a pair that does not fit, in one sentence: what it needs, what there is, and the pairs that
+    fit."""
     each = " and ".join(f"{name} {readable_bytes(size)}" for name, size in needed.items())
+    usable = usable_bytes(device) if usable is None else usable
     fitting = [other.key for other in fitting_pairs(device, dtype) if other.key != pair.key]
-    instead = f"pick a pair that fits ({', '.join(fitting)})" if fitting else "no listed pair fits it"
+    instead = (
+        f"pick a pair that fits ({', '.join(fitting)}), or run it on a machine with a larger GPU"
+        if fitting
+        else "run it on a machine with a larger GPU (no listed pair fits this one)"
+    )
     return (
         f"The pair '{pair.key}' needs about {readable_bytes(sum(needed.values()))} for its weights ({each}) in "
-        f"{str(dtype).removeprefix('torch.')}, more than the {readable_bytes(MEMORY_HEADROOM * free)} they may take "
-        f"of the {readable_bytes(free)} free on {device.type} with idle models unloaded: {instead}, or run it on a "
-        "machine with a larger GPU."
+        f"{str(dtype).removeprefix('torch.')}, more than the {readable_bytes(usable)} weights may take of {room}: "
+        f"{instead}."
     )
 
 

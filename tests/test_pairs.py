@@ -187,7 +187,11 @@ def test_a_pair_too_large_together_is_refused_before_either_loads(tmp_path, monk
     monkeypatch.setattr("specdemo.models.shared.free_memory_bytes", lambda device: int(1.5 * size / MEMORY_HEADROOM))
     cache = ModelCache()
     pair = custom_pair(str(target), str(draft), allow_local=True)
-    with pytest.raises(ValueError, match=r"needs about .* kB for its weights \(.* and .*\) in float32, more than the"):
+    with pytest.raises(
+        ValueError,
+        match=r"needs about .* kB for its weights \(.* and .*\) in float32, more than the .* kB weights may take of "
+        r"the .* kB free on this CPU once idle models are unloaded: pick a pair that fits \(smollm2-135m-ngram, .*\)",
+    ):
         load_pair(pair, cache, device=torch.device("cpu"), allow_local=True, dtype=torch.float32)
     assert not cache.models
     monkeypatch.setattr("specdemo.models.shared.free_memory_bytes", lambda device: int(2.5 * size / MEMORY_HEADROOM))
@@ -245,10 +249,16 @@ def test_a_pair_that_fits_only_without_the_last_one_evicts_it_and_loads(monkeypa
     target, draft = load_pair(pair_b, cache, device=CPU, dtype=torch.float32)
     assert (target.name, draft.name) == (names[2], names[3]) and list(cache.models) == names[2:]
     assert loader.loads == names
+    monkeypatch.setitem(PARAMETER_COUNTS, "org/huge", 3 * PARAMETER_COUNTS[names[0]])  # never fits: evicts nothing
+    with pytest.raises(
+        ValueError, match=r"of this CPU's .* kB: run it on a machine with a larger GPU \(no listed pair"
+    ):
+        load_pair(custom_pair("org/huge", NGRAM), cache, device=CPU, dtype=torch.float32)
+    assert list(cache.models) == names[2:]
 
 
 def test_a_pair_too_big_for_the_device_is_refused_naming_the_memory_and_the_pairs_that_fit(monkeypatch):
-    """Llama 3.1 8B with its 1B draft on a T4 in float16: 18.5 GB of weights, more than the 12.6 GB they may take of
+    """Llama 3.1 8B with its 1B draft on a T4 in float16: 18.5 GB of weights, more than the 12.7 GB they may take of
     its 15.8 GB; refused before anything loads, in one sentence naming the pairs that do fit."""
     monkeypatch.setenv("HF_TOKEN", "hf_a_token_of_an_account_that_accepted_the_licence")
     cache = ModelCache(lambda *args, **options: pytest.fail("loaded a pair that does not fit"))
@@ -258,9 +268,8 @@ def test_a_pair_too_big_for_the_device_is_refused_naming_the_memory_and_the_pair
         load_pair(find_pair("llama-3.2-1b-3.1-8b"), cache, device=CUDA, dtype=torch.float16)
     assert str(refused.value) == (
         "The pair 'llama-3.2-1b-3.1-8b' needs about 18.5 GB for its weights (meta-llama/Llama-3.1-8B-Instruct 16.1 GB "
-        "and meta-llama/Llama-3.2-1B-Instruct 2.5 GB) in float16, more than the 12.7 GB they may take of the 15.8 GB "
-        f"free on cuda with idle models unloaded: pick a pair that fits ({fitting}), or run it on a machine with a "
-        "larger GPU."
+        "and meta-llama/Llama-3.2-1B-Instruct 2.5 GB) in float16, more than the 12.7 GB weights may take of this GPU's "
+        f"15.8 GB: pick a pair that fits ({fitting}), or run it on a machine with a larger GPU."
     )
     assert [pair.key for pair in fitting_pairs(CUDA, torch.float16)] == fitting.split(", ")
     assert [pair.key for pair in fitting_pairs(CUDA, torch.bfloat16)] == fitting.split(", ")
