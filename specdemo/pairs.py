@@ -1,4 +1,5 @@
-"""The registry of draft/target pairs: data, not code paths."""
+"""The registry of draft/target pairs (data, not code paths), which of them fit a device or need a Hub token, and
+loading a pair through the shared cache."""
 
 from __future__ import annotations
 
@@ -272,7 +273,7 @@ def needs_token(pair: Pair) -> bool:
 
 def pair_marks(device: torch.device) -> dict[str, str]:
     """What the pair dropdown and the CLI's list add after each pair's label: too big for `device` in the format auto
-    picks there, e.g. " — too big for this GPU: needs 18.5 GB, 12.6 GB usable", or gated with no token set."""
+    picks there, e.g. " — too big for this GPU: needs 18.5 GB, 12.7 GB usable" (a T4), or gated with no token set."""
     dtype, usable = resolve_dtype("auto", device), usable_bytes(device)
     marks = {}
     for pair in PAIRS:
