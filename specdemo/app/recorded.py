@@ -27,7 +27,7 @@ from specdemo.models.platform import device_name, torch_build
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import load_pair
 
-RECORDED_FOLDER = Path(__file__).resolve().parents[2] / "assets" / "recorded"  # assets/recorded, one file a run
+RECORDED_FOLDER = Path(__file__).with_name("recorded_runs")  # one file a run, data the page reads, beside the code
 # float32, not `auto`: auto is bfloat16 on a CPU with native bfloat16, and only a float32 greedy run is sure to give the
 # same tokens again on the machine that recorded it (tests/app/test_recorded.py decodes the greedy one again).
 NUMBER_FORMAT = "float32"
@@ -156,7 +156,7 @@ def load(key: str, folder: Path = RECORDED_FOLDER) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specdemo.app.recorded", description=__doc__)
-    parser.add_argument("--out", type=Path, default=RECORDED_FOLDER, help="the folder (default: assets/recorded)")
+    parser.add_argument("--out", type=Path, default=RECORDED_FOLDER, help="the folder (default: beside this module)")
     parser.add_argument("--only", choices=list(RECORDINGS_BY_KEY), action="append", help="record this one (repeat)")
     args = parser.parse_args(argv)
     cache = ModelCache(pinned=OFFLINE_DEFAULT)
