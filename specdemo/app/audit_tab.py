@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 
@@ -17,8 +17,9 @@ from specdemo.app.lessons import LessonRow
 from specdemo.app.messages import user_error
 from specdemo.app.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
 from specdemo.app.runs import Server, check_values, decode_fn, read_values
-from specdemo.app.serving import stoppable, wait_until
-from specdemo.audit import BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
+from specdemo.app.serving import stop_signal, stoppable, wait_until
+from specdemo.app.zerogpu import MIN_SECONDS, decoding_seconds, gpu_function
+from specdemo.audit import BUGS, MODEL_BATCH_ROWS, TOY_PRESETS, model_audit, parse_weights, toy_audit
 from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.models.loading import chat_prompt_ids
@@ -271,7 +272,8 @@ def wire(
     checked = run.click(
         check_values(NAMES, parse_audit), inputs=inputs, outputs=None, preprocess=False, api_visibility="private"
     )
-    handler = stoppable(partial(audit_steps, server), signature([], AUDIT_FIELDS), "audit", audit_steps.__doc__)
+    steps = partial(audit_steps, server, gpu_function(partial(model_audit_steps, server), audit_seconds))
+    handler = stoppable(steps, signature([], AUDIT_FIELDS), "audit", audit_steps.__doc__)
     event = checked.success(  # /audit checks again, for API clients
         handler,
         inputs=inputs,
@@ -285,7 +287,7 @@ def wire(
         "audit",
         inputs,
         lambda lesson: lesson.values(AUDIT_FIELDS),
-        partial(audit_steps, server),
+        steps,
         outputs,
         concurrency_limit=1,
         concurrency_id="audit",
@@ -294,21 +296,39 @@ def wire(
     stop.click(None, cancels=events, api_visibility="private")
 
 
-def audit_steps(server: Server, *values: object, stop: threading.Event) -> Iterator[tuple]:
+def audit_steps(
+    server: Server, model_steps: Callable[..., Iterator[tuple]], *values: object, run_id: str
+) -> Iterator[tuple]:
     """The lossless audit. mode "toy": N = `num_samples` rounds of the sampler on the target p and draft q given as
     weights (`preset` names the defaults); mode "model": M = `num_samples` (100 to 5,000: pass it) samples of the
     first `num_tokens` tokens of `prompt`, speculative against the target alone. `bug` plants one of the broken
     samplers. Returns the verdict sentence, two charts and the audit as JSON."""
-    named, progress = read_values(NAMES, values)
+    named, _ = read_values(NAMES, values)
     try:
         request = parse_audit(named)
     except ValueError as error:
         raise user_error(str(error)) from error
-    if request.mode == "toy":
+    if request.mode == "toy":  # arithmetic on the server's CPU, no model: never a GPU call
         with openmp_workers_released():  # a Gradio worker thread: it lives on, idle
             yield run_toy(server, request)
         return
-    yield from run_model_audit(server, request, progress, stop)
+    yield from model_steps(*values, run_id=run_id)
+
+
+def model_audit_steps(server: Server, *values: object, run_id: str) -> Iterator[tuple]:
+    """The model audit of the checked `values` (a ZeroGPU call on ZeroGPU)."""
+    named, progress = read_values(NAMES, values)
+    with stop_signal(run_id) as stop:
+        yield from run_model_audit(server, parse_audit(named), progress, stop)
+
+
+def audit_seconds(*values: object, **_: object) -> int:
+    """What a model audit's ZeroGPU call asks for: its samples' tokens, both sides, MODEL_BATCH_ROWS at a time."""
+    try:
+        request = parse_audit(read_values(NAMES, values)[0])
+    except ValueError:
+        return MIN_SECONDS
+    return decoding_seconds(2 * request.num_samples * request.num_tokens // MODEL_BATCH_ROWS)
 
 
 def run_toy(server: Server, request: AuditRequest) -> tuple:
@@ -342,6 +362,7 @@ def run_model_audit(
     assert request.pair is not None and request.sampling is not None
     pair, count = request.pair, request.num_samples
     try:
+        server.check_runnable(pair)
         with openmp_workers_released():
             target, draft = load_pair(pair, server.cache, lambda message: progress(0.0, desc=message))
     except ValueError as error:  # no network for a Hub pair, not enough memory: the sentence says which

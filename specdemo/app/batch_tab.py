@@ -4,7 +4,6 @@ sweep of batch sizes."""
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,12 +21,13 @@ from specdemo.app.runs import (
     Server,
     decode_fn,
     in_progress,
-    on_gpu,
     read_values,
+    requested_seconds,
     stopped_summary,
     sweep_caption,
 )
-from specdemo.app.serving import stoppable
+from specdemo.app.serving import stop_signal, stoppable
+from specdemo.app.zerogpu import gpu_function
 from specdemo.config import check_prompt
 from specdemo.core.rounds import Round
 from specdemo.core.stats import emitted_ids, run_stats
@@ -67,7 +67,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], css:
             gr.Plot(candidates_sweep_figure(sweep), show_label=False)
     gr.Markdown(sweep_caption(sweep))
     handler = stoppable(
-        on_gpu(partial(batch_steps, server)),
+        gpu_function(partial(batch_steps, server), partial(requested_seconds, "prompts")),
         signature([PROMPTS], RUN_FIELDS, compare=False),  # compare is ignored; its default stays as it was
         "generate_batch",
         batch_steps.__doc__,
@@ -86,25 +86,26 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], css:
     )
 
 
-def batch_steps(server: Server, *values: object, stop: threading.Event) -> Iterator[tuple]:
+def batch_steps(server: Server, *values: object, run_id: str) -> Iterator[tuple]:
     """Up to 8 `prompts` (a list, or one per line) decoded as rows of one batch, prompt i with seed + i; the other
     parameters as for /generate (`compare` is ignored). Returns one result per prompt."""
     named, progress = read_values(["prompts", *names()], values)
-    try:
-        texts = batch_prompts(named.pop("prompts"))
-        parse_request(texts[0], named)  # every setting checked before any model loads
-        run = server.prepare(texts, named | {"compare": False}, progress, stop)
-    except ValueError as error:
-        raise user_error(str(error)) from error
-    try:
-        yield from stream_batch(run, texts, server.sweep)
-    except ValueError as error:  # a row's own sentence (out of the device's memory, say)
-        raise user_error(str(error), log=True) from error
-    except Exception as error:  # one prompt's row failed: this batch fails, the app and other runs go on
-        message = f"The batch failed ({error.__class__.__name__}: {str(error)[:200]})"
-        raise user_error(
-            f"{message}. The app is still serving: try again, or fewer prompts or tokens.", log=True
-        ) from error
+    with stop_signal(run_id) as stop:
+        try:
+            texts = batch_prompts(named.pop("prompts"))
+            parse_request(texts[0], named)  # every setting checked before any model loads
+            run = server.prepare(texts, named | {"compare": False}, progress, stop)
+        except ValueError as error:
+            raise user_error(str(error)) from error
+        try:
+            yield from stream_batch(run, texts, server.sweep)
+        except ValueError as error:  # a row's own sentence (out of the device's memory, say)
+            raise user_error(str(error), log=True) from error
+        except Exception as error:  # one prompt's row failed: this batch fails, the app and other runs go on
+            message = f"The batch failed ({error.__class__.__name__}: {str(error)[:200]})"
+            raise user_error(
+                f"{message}. The app is still serving: try again, or fewer prompts or tokens.", log=True
+            ) from error
 
 
 def batch_prompts(prompts: str | list[str]) -> list[str]:

@@ -122,7 +122,7 @@ class LessonRow:
         **queueing: Any,
     ) -> list[tuple[Lesson, gr.events.Dependency, gr.events.Dependency]]:
         """Each lesson of `tab`: its button sets `form` to `values(lesson)`, says what to watch and shows the tab,
-        then runs `steps(*values(lesson), stop=...)` into `outputs` (with `queueing`: the tab's concurrency). The run
+        then runs `steps(*values(lesson), run_id=...)` into `outputs` (with `queueing`: the tab's concurrency). The run
         is given the lesson's values, not the form's, so it never starts with a value that has not reached the page.
         Returns (lesson, its loading event, its run) for each."""
         wired = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 import inspect
-import threading
 import time
 from collections.abc import Generator, Iterator
 from functools import partial
@@ -44,13 +43,13 @@ from specdemo.app.runs import (
     check_values,
     decode_fn,
     in_progress,
-    on_gpu,
     read_values,
+    requested_seconds,
     stopped_summary,
     sweep_caption,
     trace_record,
 )
-from specdemo.app.serving import stoppable
+from specdemo.app.serving import stop_signal, stoppable
 from specdemo.app.share import link_js
 from specdemo.app.summary import (
     HEADLINE_CSS,
@@ -61,6 +60,7 @@ from specdemo.app.summary import (
     sharing_note,
     summary_markdown,
 )
+from specdemo.app.zerogpu import gpu_function
 from specdemo.config import MAX_NUM_DRAFT_TOKENS, MAX_PROMPT_CHARACTERS, MAX_PROMPT_TOKENS, SpeculativeConfig
 from specdemo.core.rounds import Round
 from specdemo.core.sampling import penalised_scores
@@ -149,10 +149,9 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
     trace = gr.DownloadButton("Download the trace (JSON)", visible=False, elem_id="trace")
     inputs = [prompt, *settings.values()]
     outputs = [tokens, summary, acceptance, latency, positions, throughput, trace, candidates, headline]
-    handler = stoppable(
-        on_gpu(partial(run_steps, server)), signature([PROMPT], RUN_FIELDS), "generate", run_steps.__doc__
-    )
-    check = check_values(["prompt", *names()], check_run)
+    steps = gpu_function(partial(run_steps, server), partial(requested_seconds, "prompt"))  # a ZeroGPU call each
+    handler = stoppable(steps, signature([PROMPT], RUN_FIELDS), "generate", run_steps.__doc__)
+    check = check_values(["prompt", *names()], partial(check_run, server))
     # preprocess=False: the handler checks the raw values itself, so every refusal names its setting (Gradio's own
     # range check says only "Value -1.0 is less than minimum value 0."). The check comes first, in an event with no
     # outputs, so a refusal is a message and the last run's tokens and charts stay; /generate checks again.
@@ -174,7 +173,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
         "one",
         inputs,
         lambda lesson: [lesson.prompt, *lesson.values(RUN_FIELDS)],
-        on_gpu(partial(run_steps, server)),
+        steps,
         outputs,
         concurrency_limit=server.run_concurrency,
         concurrency_id="generate",
@@ -193,23 +192,31 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
     return prompt
 
 
-def check_run(values: dict) -> None:
-    """What the page checks before a run: the prompt and every setting, read as /generate reads them."""
-    parse_request(values.pop("prompt"), values)
+def check_run(server: Server, values: dict) -> None:
+    """What the page checks before a run: the prompt and every setting, read as /generate reads them, and on ZeroGPU
+    that the pair was loaded at startup (before the visitor's GPU time is spent on a refusal)."""
+    request = parse_request(values.pop("prompt"), values)
+    server.check_runnable(request.pair, request.dtype)
 
 
-def run_steps(server: Server, *values: object, stop: threading.Event) -> Iterator[tuple]:
+def run_steps(server: Server, *values: object, run_id: str) -> Iterator[tuple]:
     """The steps of /generate: speculative decoding of `prompt` with the draft/target `pair` and W = `num_candidates`
     drafts per round, in the number format `dtype` (auto, float32 or bfloat16), streamed; then, with `compare`, the
     target (and draft model) alone. Each parameter but `prompt` defaults to the form's value. Runs that arrive together
     share the model's passes."""
     named, progress = read_values(["prompt", *names()], values)
+    with stop_signal(run_id) as stop:
+        try:
+            run = server.prepare([named.pop("prompt")], named, progress, stop)
+        except ValueError as error:
+            raise user_error(str(error)) from error
+        yield from failures_said(stream_run(server, run))
+
+
+def failures_said(updates: Iterator[tuple]) -> Iterator[tuple]:
+    """A run's updates; a failure ends the run with its sentence on the page, and the app and its models stay."""
     try:
-        run = server.prepare([named.pop("prompt")], named, progress, stop)
-    except ValueError as error:
-        raise user_error(str(error)) from error
-    try:
-        yield from stream_run(server, run)
+        yield from updates
     except ValueError as error:  # the run's own sentence (out of the device's memory, say): the app and its models stay
         yield gr.skip(), html.escape(f"**{error}**", quote=False), *unchanged_charts()
         raise user_error(str(error), log=True) from error

@@ -45,6 +45,7 @@ PRESENTER_TOGGLE_JS = """() => {
   history.replaceState(null, '', address);
 }"""
 PRESENTER_HEAD = """<style>
+#device-line { font-size: .85em; opacity: .8; }
 body.present #settings-column, body.present #limits, body.present #examples,
 body.present #header p:first-of-type { display: none !important; }
 body.present #tokens .tok, body.present #step-tokens .tok { font-size: 1.6em; line-height: 1.6; }
@@ -67,6 +68,7 @@ def build_demo(
             head=PRESENTER_HEAD,
             js_on_load=PRESENTER_JS,
         )
+        gr.Markdown(server.device_line, elem_id="device-line")
         link_note = gr.Markdown(elem_id="link-note", visible=False)
         with gr.Row():
             with gr.Column(scale=1, min_width=300, elem_id="settings-column"):

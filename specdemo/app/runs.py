@@ -11,11 +11,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gradio as gr
+import torch
 
-from specdemo.app.form import RunRequest, parse_request
+from specdemo.app.form import RunRequest, names, parse_request
 from specdemo.app.messages import user_error
 from specdemo.app.replay import replay_record
 from specdemo.app.serving import Downloads
+from specdemo.app.zerogpu import MIN_SECONDS, ON_ZEROGPU, budget_seconds, run_seconds, startup_pairs
 from specdemo.config import check_prompt_fits
 from specdemo.core.rounds import Round
 from specdemo.core.stats import round_record, run_stats
@@ -24,24 +26,13 @@ from specdemo.engine.decoding import BatchDecoder
 from specdemo.engine.drafting import build_drafter
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.engine.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
-from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids
+from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, dtype_reason, pick_device
+from specdemo.models.platform import announce
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import DEFAULT_PAIR, load_pair
+from specdemo.pairs import DEFAULT_PAIR, Pair, load_pair
 
-try:  # On a ZeroGPU Space, GPU work runs inside @spaces.GPU; elsewhere the package is absent and this is a no-op.
-    import spaces
-
-    on_gpu = spaces.GPU(duration=120)
-    ON_ZEROGPU = True  # each call runs in its own GPU worker: runs cannot share a batch there
-except ImportError:
-    ON_ZEROGPU = False
-
-    def on_gpu(function):  # type: ignore[no-redef]
-        return function
-
-
-RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so
-RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one at a time on ZeroGPU)
+RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so (on ZeroGPU: its call's)
+RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one per call on ZeroGPU)
 QUEUE_SIZE = 16  # waiting runs beyond this are told the queue is full
 IN_PROGRESS_END = "…*"  # how every streamed summary but the last ends
 SWEEP_FILE = Path(__file__).with_name("batch_sweep.json")  # bench --batch-sizes, measured, drawn on the Batch tab
@@ -58,37 +49,63 @@ class Server:
     """The server's shared state, made once by build_demo."""
 
     cache: ModelCache  # loaded models, shared across runs and users
-    schedulers: Schedulers  # runs of the same models share their passes
+    schedulers: Schedulers  # runs of the same models share their passes (on ZeroGPU, a worker's runs)
     downloads: Downloads  # trace and audit files, a bounded folder
     sweep: dict | None  # the measured batch sweep, or None
     run_concurrency: int = RUN_CONCURRENCY  # runs decoding at once
-    budget_seconds: float = RUN_TIME_BUDGET_SECONDS  # one run's time, comparisons included
+    budget_seconds: float = RUN_TIME_BUDGET_SECONDS  # one run's time, comparisons included (not on ZeroGPU)
+    device_line: str = ""  # where runs decode, for the page: device, number format, torch and its CUDA
+    startup_pairs: tuple[str, ...] | None = None  # on ZeroGPU, the pairs loaded at startup, the only ones that run
 
     @classmethod
     def start(cls, cache: ModelCache | None = None, **limits: float) -> Server:
-        """Load the default pair before the first visitor (ZeroGPU wants models loaded outside GPU functions) and
-        measure what shared batches cut their drafts by."""
+        """Load the default pair before the first visitor and measure what shared batches cut their drafts by; on
+        ZeroGPU, load every startup pair's models instead (a call's worker sees the models loaded before it forked,
+        and the main process has no GPU to measure on). Says where runs decode, in the log and on the page."""
+        device = pick_device()
+        line = announce(device, dtype_reason("auto", device))
+        if ON_ZEROGPU:
+            pairs = startup_pairs()
+            cache = cache or ModelCache(pinned=OFFLINE_DEFAULT, capacity=2 * len(pairs))  # none evicted
+            loaded = tuple(pair.key for pair in pairs if preload(pair, cache))
+            return cls(cache, Schedulers(), Downloads(), None, device_line=line, startup_pairs=loaded, **limits)
         cache = cache or ModelCache(pinned=OFFLINE_DEFAULT)
         with openmp_workers_released():  # this thread then waits for the server; the runs' threads decode
             target, _ = load_pair(DEFAULT_PAIR, cache, progress=print)
-            if not ON_ZEROGPU:
-                measure_for_sharing(target, print)
+            measure_for_sharing(target, print)
         sweep = json.loads(SWEEP_FILE.read_text()) if SWEEP_FILE.is_file() else None
-        return cls(cache, Schedulers(), Downloads(), sweep, **limits)
+        return cls(cache, Schedulers(), Downloads(), sweep, device_line=line, **limits)
 
     @property
     def models_lock(self) -> threading.Lock:
         return self.schedulers.models_lock
 
+    def check_runnable(self, pair: Pair, dtype: torch.dtype | None = None) -> None:
+        """On ZeroGPU, refuse a pair not loaded at startup, or another number format than it was loaded in: loading
+        inside a call would spend the visitor's GPU time and be lost with the call's worker."""
+        if self.startup_pairs is None:
+            return
+        if pair.key not in self.startup_pairs:
+            raise ValueError(
+                f"This ZeroGPU Space runs the pairs it loaded at startup, and '{pair.key}' is not one of them: pick "
+                f"one of {', '.join(self.startup_pairs)} (its operator can set SPECDEMO_ZEROGPU_PAIRS)."
+            )
+        if not self.cache.holds(pair.target, dtype=dtype):
+            raise ValueError(
+                "This ZeroGPU Space holds its models in the number format auto picks, loaded at startup, not in "
+                f"{str(dtype).removeprefix('torch.')}: set the number format to auto."
+            )
+
     def prepare(self, prompts: list[str], values: dict, progress: gr.Progress, stop: threading.Event) -> Run:
         """The checked request, its models and encoded prompts; a ValueError names the problem."""
         request = parse_request(prompts[0], values)
+        self.check_runnable(request.pair, request.dtype)
         report: Callable[[str], None] = lambda message: progress(0.0, desc=message)  # noqa: E731
         with openmp_workers_released():  # a Gradio worker thread: it lives on, idle
             target, draft = load_pair(
                 request.pair, self.cache, report, allow_local=request.allow_local, dtype=request.dtype
             )  # the comparisons run on these same models, so in the same format
-            if not ON_ZEROGPU:
+            if not ON_ZEROGPU:  # a ZeroGPU call decodes one request: nothing to share a batch with
                 measure_for_sharing(target, report)
         encoded = []
         for number, text in enumerate(prompts, start=1):
@@ -98,9 +115,41 @@ class Server:
             except ValueError as error:
                 raise ValueError(f"Prompt {number}: {error}" if len(prompts) > 1 else str(error)) from None
             encoded.append(prompt_ids[0].tolist())
-        schedulers = Schedulers() if ON_ZEROGPU else self.schedulers  # ZeroGPU: each call in its own worker
-        deadline = time.monotonic() + self.budget_seconds
-        return Run(request, target, draft, encoded, schedulers, deadline, stop, self.budget_seconds)
+        budget = budget_seconds(call_seconds(request)) if ON_ZEROGPU else self.budget_seconds
+        deadline = time.monotonic() + budget
+        return Run(request, target, draft, encoded, self.schedulers, deadline, stop, budget)
+
+
+def preload(pair: Pair, cache: ModelCache) -> bool:
+    """Load a pair's models at startup, without the passes that measure costs (ZeroGPU); False, and a line in the log,
+    when it cannot load (no network, a gated model without a token): the page then refuses it in one sentence."""
+    try:
+        for name in dict.fromkeys([pair.target] + ([pair.drafter] if pair.uses_draft_model else [])):
+            cache.get(name, print)
+    except ValueError as error:
+        print(f"Not loaded at startup, so not offered: {pair.key}: {error}")
+        return False
+    return True
+
+
+def call_seconds(request: RunRequest) -> int:
+    """What a run's ZeroGPU call asks for: the speculative decoding and each comparison it will run."""
+    pair = request.pair
+    draft_alone = pair.uses_draft_model and pair.drafter != pair.target
+    return run_seconds(request.speculative.max_new_tokens, 1 + (1 + draft_alone if request.compare else 0))
+
+
+def requested_seconds(leading: str, *values: object, **_: object) -> int:
+    """What a call with the form's `values` after `leading` (prompt or prompts) asks ZeroGPU for; the least when they
+    do not parse, since the call then refuses them in a sentence."""
+    named, _ = read_values([leading, *names()], values)
+    prompt = named.pop(leading)
+    try:
+        first = prompt if leading == "prompt" else (prompt.splitlines() if isinstance(prompt, str) else prompt)[0]
+        request = parse_request(first, named)
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return MIN_SECONDS
+    return call_seconds(request) if leading == "prompt" else run_seconds(request.speculative.max_new_tokens, 2)
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,23 @@
-"""How the page's long handlers run and what they leave behind: each is an async generator that runs its steps in a
-worker thread and stops them when Gradio cancels it (Stop, a closed tab, a client's cancel), and every file offered for
-download lives in one bounded folder of Gradio's cache.
+"""How the page's long handlers run and what they leave behind: each is an async generator that steps a plain
+generator in worker threads and stops it when Gradio cancels the handler (Stop, a closed tab, a client's cancel), and
+every file offered for download lives in one bounded folder of Gradio's cache.
 
 Why async: Gradio cancels a generator by closing it, and a plain generator cannot be closed while a step runs in its
 worker thread ("generator already executing"); Gradio retries every 50 ms and succeeds only between two steps. A step
-mostly waits for rounds, so under load a cancelled run went on for seconds (the audit test counted 1,536 rounds 2.5 s
-after a cancel). An async generator is cancelled at its await, at once; its `finally` sets the step's stop event, and
-the waits inside the step end within STOP_POLL_SECONDS.
+mostly waits for rounds, so under load a cancelled run went on for seconds. An async generator is cancelled at its
+await, at once.
+
+How a stop reaches the steps: they are given a run id (a string: on ZeroGPU the steps run in `spaces`' worker
+process, and their arguments must pickle; a threading.Event does not). In the server's own process `stop_signal(id)`
+is the handler's event, which the handler's `finally` sets, and the waits inside the steps end within
+STOP_POLL_SECONDS. The handler also closes the steps' generator once the step in flight returns: on ZeroGPU that
+generator is `spaces`' own, whose close sets its worker's stop event, and the worker then closes the steps at their next
+update, which sets the event their `stop_signal` made there.
 
 A closed tab does not cancel: Gradio marks the run's event dead and closes the generator only after its next update,
 under a lock every event's end shares, so a run could go on while nobody watched. The page's session ends when its
-heartbeat connection closes, and Gradio then calls the page's unload handler: `end_session` sets the stop event of
-every run the session has going, whatever state the event is in."""
+heartbeat connection closes, and Gradio then calls the page's unload handler: `end_session` stops every run the
+session has going, whatever state its handler is in."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import gradio as gr
@@ -36,6 +43,7 @@ _DONE = object()
 _REQUEST = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
 
 _running: dict[str, set[threading.Event]] = {}  # session hash -> the stop events of the session's runs
+_stops: dict[str, threading.Event] = {}  # run id -> its stop event, in the process that decodes it
 _running_lock = threading.Lock()
 
 
@@ -47,25 +55,64 @@ def end_session(request: gr.Request) -> None:
         event.set()
 
 
+@contextmanager
+def stop_signal(run_id: str) -> Iterator[threading.Event]:
+    """The stop event of run `run_id` while the block runs, set when it ends: where the server decodes, the handler's
+    own (Stop and a closed tab set it at once); in a ZeroGPU worker, a new one (set when `spaces` closes the steps)."""
+    with _running_lock:
+        event = _stops.setdefault(run_id, threading.Event())
+    try:
+        yield event
+    finally:
+        event.set()
+        with _running_lock:
+            _stops.pop(run_id, None)
+
+
+class _Steps:
+    """A generator stepped in worker threads, one step at a time, and closed once no step runs."""
+
+    def __init__(self, iterator: Iterator[tuple]) -> None:
+        self.iterator = iterator
+        self.lock = threading.Lock()  # held by the step in flight
+
+    def next(self) -> object:
+        with self.lock:
+            return next(self.iterator, _DONE)
+
+    def close(self) -> None:
+        """Close the generator after the step in flight returns (at once when none is), in a thread of its own so the
+        handler's end does not wait for it. No step starts after this: the handler that stepped it has ended."""
+
+        def close_when_idle() -> None:
+            with self.lock:
+                self.iterator.close()  # type: ignore[attr-defined]
+
+        threading.Thread(target=close_when_idle, name="specdemo-close-steps", daemon=True).start()
+
+
 def stoppable(
     steps: Callable[..., Iterator[tuple]], signature: inspect.Signature, name: str, doc: str | None
 ) -> Callable[..., AsyncIterator[tuple]]:
-    """An async generator handler with `signature` (what the API page lists) around `steps(*values, stop=event)`,
-    a plain generator run step by step in a worker thread; cancelling the handler, or `end_session` for its page's
-    session, sets `event`."""
+    """An async generator handler with `signature` (what the API page lists) around `steps(*values, run_id=id)`, a
+    plain generator (or a ZeroGPU GPU function's) stepped in worker threads; cancelling the handler, or `end_session`
+    for its page's session, sets the run's stop event and closes `steps`."""
 
     async def handler(request: gr.Request | None, *values: object) -> AsyncIterator[tuple]:
-        stop = threading.Event()
+        run_id, stop = uuid.uuid4().hex, threading.Event()
         session = getattr(request, "session_hash", None) or ""
         with _running_lock:
             _running.setdefault(session, set()).add(stop)
+            _stops[run_id] = stop
+        stepped = _Steps(steps(*values, run_id=run_id))
         try:
-            iterator = steps(*values, stop=stop)
-            while (update := await asyncio.to_thread(next, iterator, _DONE)) is not _DONE:
+            while not stop.is_set() and (update := await asyncio.to_thread(stepped.next)) is not _DONE:
                 yield update
         finally:
-            stop.set()  # a step still running sees it and returns; the iterator is left to the collector
+            stop.set()  # a step still running sees it and returns
+            stepped.close()
             with _running_lock:
+                _stops.pop(run_id, None)
                 runs = _running.get(session, set())
                 runs.discard(stop)
                 if not runs:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -14,7 +16,8 @@ import gradio as gr
 from specdemo.app.form import names
 from specdemo.app.messages import user_error
 from specdemo.app.replay import check_replay, inspector_figure, step_html, step_sentence, view_title
-from specdemo.app.runs import Server, Stepper, read_values
+from specdemo.app.runs import Server, Stepper, read_values, requested_seconds
+from specdemo.app.zerogpu import ON_ZEROGPU, gpu_function
 
 MAX_TRACE_BYTES = 20_000_000  # a 512-token run's trace is about 1 MB
 STEPPER_SECONDS = 900  # a run decoded round by round is let go this long after its last press (or when the tab goes)
@@ -70,8 +73,9 @@ def build(server: Server, trace: gr.DownloadButton, tokens: gr.HTML, runs: list,
     replay.change(
         show_round, inputs=[record, replay], outputs=[sentence, step_tokens], queue=False, api_visibility="private"
     )
+    whole = gpu_function(partial(decode_whole, server), partial(requested_seconds, "prompt")) if ON_ZEROGPU else None
     next_round.click(  # queued (it may load models and decodes), its status hidden so the sentence stays readable
-        partial(next_step, server),
+        partial(next_step, server, whole),
         inputs=[record, stepper, replay, *form],
         outputs=[record, stepper, replay, sentence],
         show_progress="hidden",
@@ -131,10 +135,13 @@ def show_round(record: dict | None, upto: float) -> tuple[str, str]:
     return step_sentence(record, upto), step_html(record, upto)
 
 
-def next_step(server: Server, record: dict | None, stepper: Stepper | None, upto: float, *form: object) -> tuple:
+def next_step(
+    server: Server, whole: Callable[..., dict] | None, record: dict | None, stepper: Stepper | None, upto: float, *form
+) -> tuple:
     """One round more: the next of the run on show; past its last, the next decoded, while a run decoded round by
     round goes on; with nothing to step through, the first round of the form's run (its checks, engine and seed).
-    Past a finished run's last round, a sentence and nothing else changes."""
+    Past a finished run's last round, a sentence and nothing else changes. With `whole` (ZeroGPU, where nothing of a
+    GPU call outlives it), the form's run is decoded whole in one call and stepped through from its first round."""
     upto = int(upto or 0)
     if record is not None and upto < len(record["rounds"]):
         return gr.skip(), gr.skip(), upto + 1, gr.skip()
@@ -145,6 +152,14 @@ def next_step(server: Server, record: dict | None, stepper: Stepper | None, upto
             gr.skip(),
             gr.skip(),
             (f"**That was the last round**: the run ended after {total} rounds. Drag the slider back, or run again."),
+        )
+    if whole is not None:
+        record = whole(*form)
+        return (
+            record,
+            None,
+            gr.update(minimum=0, maximum=len(record["rounds"]), value=min(1, len(record["rounds"]))),
+            (step_sentence(record, min(1, len(record["rounds"])))),
         )
     if stepper is None or record is None:
         named, progress = read_values(["prompt", *names()], form)
@@ -162,6 +177,21 @@ def next_step(server: Server, record: dict | None, stepper: Stepper | None, upto
     record = stepper.record()
     total = len(record["rounds"])
     return record, stepper, gr.update(minimum=0, maximum=total, value=total), gr.skip()
+
+
+def decode_whole(server: Server, *form: object) -> dict:
+    """The form's run decoded whole, as Next round steps through it (its engine and seed, no comparison), as a replay
+    record: on ZeroGPU, one GPU call; a refusal or a failure is one sentence."""
+    named, progress = read_values(["prompt", *names()], form)
+    try:
+        stepper = Stepper(server.prepare([named.pop("prompt")], named, progress, threading.Event()))
+        while not stepper.done and time.monotonic() < stepper.run.deadline:
+            stepper.step()
+    except ValueError as error:
+        raise user_error(str(error)) from error
+    except Exception as error:  # a model error: this call ends, the app and its models stay
+        raise user_error(f"The run failed ({error.__class__.__name__}: {str(error)[:200]}).", log=True) from error
+    return stepper.record() | {"live": False}
 
 
 def inspect_token(record: dict | None, event: gr.EventData) -> tuple:

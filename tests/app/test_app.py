@@ -137,7 +137,7 @@ def test_the_page_names_the_number_format_and_refuses_one_the_device_lacks(clien
     assert f"Number format: {reason}." in final[1] and trace_of(final)["dtype_reason"] == reason
     summary = client.predict(prompts=["hi"], max_new_tokens=4, dtype="float32", api_name="/generate_batch")[1]
     assert "Number format: float32 (chosen)." in summary
-    refusals = [("float16", "Unknown number format 'float16': use auto")]
+    refusals = [("float64", "Unknown number format 'float64': use auto")]
     if not native_bfloat16(cpu):
         refusals.append(("bfloat16", "This CPU has no native bfloat16 (AMX or AVX-512 BF16), so bfloat16 would run"))
     for dtype, message in refusals:

@@ -6,16 +6,17 @@ import threading
 from types import SimpleNamespace
 
 from specdemo.app import serving
-from specdemo.app.serving import end_session, stoppable
+from specdemo.app.serving import end_session, stop_signal, stoppable
 
 
 def test_a_closed_tab_stops_its_own_runs_and_no_other_tabs():
     stops: list[threading.Event] = []
 
-    def steps(stop: threading.Event):
-        stops.append(stop)
-        while not stop.wait(0.01):
-            yield ("a round",)
+    def steps(run_id: str):
+        with stop_signal(run_id) as stop:
+            stops.append(stop)
+            while not stop.wait(0.01):
+                yield ("a round",)
 
     handler = stoppable(steps, inspect.Signature([]), "steps", None)
     closed, open_ = SimpleNamespace(session_hash="closed tab"), SimpleNamespace(session_hash="open tab")

@@ -1,0 +1,148 @@
+"""The app on a ZeroGPU Space, through `spaces`' own GPU wrappers on this CPU (tests/app/zerogpu_space.py): each run is
+a call forked into `spaces`' worker, its arguments and updates pickled across; Stop reaches the worker; Next round and a
+lesson work; a short quota is one sentence; off ZeroGPU, with `spaces` installed, runs share one scheduler."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from specdemo.app.form import parse_request
+from specdemo.app.runs import call_seconds
+from tests.app.test_browser import ARTIFACTS, CHROMIUM, RUN_ENDS_MS, browser, open_page  # noqa: F401 - a fixture
+from tests.app_helpers import settings
+
+ROOT = Path(__file__).resolve().parents[2]
+PAIRS = "smollm2-135m-suffix"  # and the default pair, the offline model's: no Hub here
+STORY = "Write a long story about a dragon who learns to sing."
+STARTS_SECONDS = 300  # how long the Space may take to load its pairs before a test gives up (a busy machine)
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def space(offline_model):
+    """The Space's process (the offline model converted once before it starts), its URL and its log."""
+    folder = Path(tempfile.mkdtemp(prefix="specdemo-zerogpu-"))  # apart from pytest's folders, which it prunes
+    log = folder / "calls.jsonl"
+    env = os.environ | {"SPECDEMO_ZEROGPU_PAIRS": PAIRS, "GRADIO_ANALYTICS_ENABLED": "False"}
+    command = [sys.executable, "-m", "tests.app.zerogpu_space", str(log), str(free_port())]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:
+        url = wait_for(log, lambda call: call["call"] == "ready", STARTS_SECONDS, process)["url"]
+        yield url, log
+    finally:
+        process.terminate()
+        process.wait(30)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def calls(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def wait_for(log: Path, matches, seconds: float, process=None, after: int = 0) -> dict:
+    """The first call in the log past the first `after` that `matches`; fails after `seconds` (a hang, not speed)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = [call for call in calls(log)[after:] if matches(call)]
+        if found:
+            return found[0]
+        assert process is None or process.poll() is None, "the Space's process ended"
+        time.sleep(0.1)
+    raise AssertionError(f"nothing in the log matched within {seconds} s: {calls(log)[after:]}")
+
+
+def test_a_run_is_a_call_in_spaces_worker_streamed_back_and_lent_for_its_settings(space):
+    url, log = space
+    before = len(calls(log))
+    values = settings(pair="smollm2-135m-suffix", dtype="auto", max_new_tokens=32)
+    job = Client(url, verbose=False).submit(**values, api_name="/generate")
+    updates = list(job)
+    summary = job.result()[1]
+    assert len(updates) > 3  # streamed round by round from the worker
+    assert "**identical**, token for token" in summary  # greedy = the target alone, both decoded in the worker
+    new = calls(log)[before:]
+    [schedule] = [call for call in new if call["call"] == "schedule"]
+    prompt = values.pop("prompt")
+    assert schedule["seconds"] == call_seconds(parse_request(prompt, values))  # lent for its tokens and comparison
+    [run] = [call for call in new if call["call"] == "run"]
+    assert run["ended"] == "finished" and run["pid"] != schedule["pid"]  # decoded in the forked worker
+    assert [call["fail"] for call in new if call["call"] == "release"] == [False]
+
+
+def test_stop_closes_the_run_in_spaces_worker(space):
+    url, log = space
+    before = len(calls(log))
+    values = settings(STORY, pair="smollm2-135m-suffix", dtype="auto", max_new_tokens=400, compare=False)
+    job = Client(url, verbose=False).submit(**values, api_name="/generate")
+    deadline = time.monotonic() + RUN_ENDS_MS / 1000
+    while len(job.outputs()) < 3 and not job.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not job.done(), job.exception()  # a run of 400 tokens was streaming when Stop came
+    cancelled = time.time()
+    job.cancel()
+    run = wait_for(log, lambda call: call["call"] == "run", RUN_ENDS_MS / 1000, after=before)
+    release = wait_for(log, lambda call: call["call"] == "release", RUN_ENDS_MS / 1000, after=before)
+    assert run["ended"] == "closed", run  # spaces' stop event closed the steps: they did not run to their end
+    assert not release["fail"]
+    print(f"the worker closed the run {run['time'] - cancelled:.2f} s after the cancel, after {run['updates']} updates")
+
+
+def test_a_quota_too_small_is_one_sentence_naming_the_seconds_and_what_to_lower(space):
+    url, log = space
+    quota = Path(f"{log}.quota")
+    quota.write_text("10")
+    try:
+        with pytest.raises(AppError) as refused:
+            Client(url, verbose=False).predict(**settings(max_new_tokens=64), api_name="/generate")
+    finally:
+        quota.unlink()
+    message = str(refused.value)
+    assert "This run asks ZeroGPU for 30 s of GPU time" in message and "lower max new tokens" in message
+    assert "10s left" in message
+
+
+def test_a_pair_not_loaded_at_startup_is_refused_in_one_sentence(space):
+    url, _ = space
+    loaded = r"runs the pairs it loaded at startup.*pick one of smollm2-135m-ngram, smollm2-135m-suffix"
+    with pytest.raises(AppError, match=loaded):
+        Client(url, verbose=False).predict(**settings(pair="smollm2-135m-360m"), api_name="/generate")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
+def test_next_round_and_a_lesson_run_as_calls_in_the_browser(space, browser):  # noqa: F811 - the imported fixture
+    url, log = space
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = open_page(browser, url)
+    assert "ZeroGPU" in page.inner_text("#device-line")
+    page.fill("#prompt textarea", "Repeat exactly: the cat sat on the mat, the cat sat on the mat.")
+    before = len(calls(log))
+    page.click("#next-round")  # nothing to step through: the form's run is decoded whole in one call
+    page.wait_for_function(
+        "document.querySelector('#round-sentence')?.textContent.includes('Round 1')", timeout=RUN_ENDS_MS
+    )
+    assert [call["seconds"] for call in calls(log)[before:] if call["call"] == "schedule"] == [30.0]
+    page.click("#next-round")  # the next round of the record: no call
+    page.wait_for_function("document.querySelector('#round-sentence')?.textContent.includes('Round 2')")
+    page.click("#lesson-greedy")
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('identical')", timeout=RUN_ENDS_MS)
+    page.screenshot(path=str(ARTIFACTS / "zerogpu-lesson.png"), full_page=True)
+    assert wait_for(log, lambda call: call["call"] == "run" and call["ended"] == "finished", 60, after=before)
