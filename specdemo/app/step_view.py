@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from specdemo.app import recorded
 from specdemo.app.form import names
 from specdemo.app.messages import user_error
 from specdemo.app.replay import check_replay, inspector_figure, step_html, step_sentence, view_title
@@ -59,6 +60,12 @@ def build(server: Server, trace: gr.DownloadButton, tokens: gr.HTML, runs: list,
             upload = gr.UploadButton(
                 "Replay a trace file", file_types=[".json"], elem_id="replay-upload", scale=0, min_width=180
             )
+        recordings = gr.Dropdown(
+            recorded.choices(),
+            value=None,
+            label="Or replay a recorded run: instant, no GPU needed",
+            elem_id="recorded-runs",
+        )
         sentence = gr.Markdown(START, elem_id="round-sentence")
         step_tokens = gr.HTML(
             "", css_template=theme_css + STEP_CSS, elem_id="step-tokens", js_on_load=INSPECT_JS, min_height=40
@@ -69,6 +76,7 @@ def build(server: Server, trace: gr.DownloadButton, tokens: gr.HTML, runs: list,
     for run in runs:
         run.success(from_trace, inputs=trace, outputs=shown, api_visibility="private")
     upload.upload(from_upload, inputs=upload, outputs=shown, api_visibility="private")
+    recordings.input(from_recording, inputs=recordings, outputs=shown, queue=False, api_visibility="private")
     # queue=False: pure and fast, and no queue status drawn over the sentence
     replay.change(
         show_round, inputs=[record, replay], outputs=[sentence, step_tokens], queue=False, api_visibility="private"
@@ -126,6 +134,19 @@ def from_upload(path: str | None) -> tuple:
         return _loaded(check_replay(trace.get("replay") if isinstance(trace, dict) else None))
     except ValueError as error:
         raise user_error(str(error)) from error
+
+
+def from_recording(key: str | None) -> tuple:
+    """A run recorded beforehand (specdemo/app/recorded.py), its label saying on which device and when."""
+    if not key:
+        return tuple(gr.skip() for _ in range(7))
+    try:
+        trace = recorded.load(key)
+    except ValueError as error:
+        raise user_error(str(error)) from error
+    shown = _loaded(trace["replay"])
+    note = f"Replaying a recorded run ({recorded.label(trace['recorded'])}). Click a token to inspect it."
+    return (*shown[:5], note, *shown[6:])
 
 
 def show_round(record: dict | None, upto: float) -> tuple[str, str]:

@@ -449,3 +449,15 @@ def test_every_lesson_loads_its_settings_and_runs(browser, app):
     assert verdict.startswith("Not lossless") and "Planted bug, resample from p" in verdict, verdict
     assert page.get_by_role("tab", name="Audit: is it lossless?").get_attribute("aria-selected") == "true"
     page.close()
+
+
+def test_a_recorded_run_replays_at_once_and_the_page_says_where_runs_decode(browser, app):
+    page = open_page(browser, app)
+    assert page.inner_text("#device-line").startswith("Runs on CPU")  # device, number format, torch and its CUDA
+    page.click("#recorded-runs input")
+    page.get_by_role("option", name="Copying", exact=False).click()
+    page.wait_for_function("document.querySelector('#round-sentence')?.textContent.includes('Round 1 of')")
+    assert "recorded on CPU" in page.inner_text("#inspector-note")  # the label names the device and the date
+    assert page.locator("#step-tokens .tok").count() > 0
+    page.screenshot(path=str(ARTIFACTS / "recorded-run.png"), full_page=True)
+    page.close()
