@@ -11,15 +11,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import gradio as gr
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from specdemo.app.form import parse_request
 from specdemo.app.runs import call_seconds
+from specdemo.app.zerogpu import ON_ZEROGPU
+from specdemo.models.platform import on_zerogpu
 from tests.app.test_browser import ARTIFACTS, CHROMIUM, RUN_ENDS_MS, browser, open_page  # noqa: F401 - a fixture
 from tests.app_helpers import settings
 
@@ -146,3 +150,28 @@ def test_next_round_and_a_lesson_run_as_calls_in_the_browser(space, browser):  #
     page.wait_for_function("document.querySelector('#summary')?.textContent.includes('identical')", timeout=RUN_ENDS_MS)
     page.screenshot(path=str(ARTIFACTS / "zerogpu-lesson.png"), full_page=True)
     assert wait_for(log, lambda call: call["call"] == "run" and call["ended"] == "finished", 60, after=before)
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "false", "1", "true", "True", "t", "yes"])
+def test_zerogpu_is_read_as_spaces_reads_it(value, monkeypatch):
+    from spaces.config import Settings
+
+    if value is None:
+        monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    else:
+        monkeypatch.setenv("SPACES_ZERO_GPU", value)
+        monkeypatch.setenv("SPACES_ZERO_DEVICE_API_URL", "http://127.0.0.1:9")  # Settings asserts it on ZeroGPU
+    assert on_zerogpu() == Settings().zero_gpu
+
+
+def test_with_spaces_installed_and_zerogpu_off_runs_share_one_scheduler(app_server):
+    """Every Space installs `spaces`; off ZeroGPU its decorator returns the function, and runs share passes."""
+    import spaces
+
+    assert not ON_ZEROGPU and spaces.GPU(free_port) is free_port
+    values = settings(pair="smollm2-135m-suffix")
+    prompt = values.pop("prompt")
+    runs = [app_server.prepare([prompt], dict(values), gr.Progress(), threading.Event()) for _ in range(2)]
+    assert runs[0].schedulers is runs[1].schedulers is app_server.schedulers
+    schedulers = [run.schedulers.get(run.target, run.draft, run.request.pair.drafter) for run in runs]
+    assert schedulers[0] is schedulers[1]  # the rows of both runs join one batch
