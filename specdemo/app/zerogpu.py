@@ -21,9 +21,11 @@ from specdemo.models.platform import on_zerogpu
 from specdemo.pairs import DEFAULT_PAIR, PAIRS_BY_KEY, Pair
 
 ON_ZEROGPU = on_zerogpu()  # read once, as `spaces` reads it at import
-START_SECONDS = 20  # a call's fixed cost: the worker's start, the weights moved to the GPU, pass costs measured
+# Estimates, not yet measured on ZeroGPU: a visitor's daily quota is 2 minutes (anonymous) to 40 (PRO), and spaces
+# charges a call's seconds 1.5 times on half a Blackwell card, so a call asks for what its settings need, no more.
+START_SECONDS = 15  # a call's fixed cost: the worker's start, the weights moved to the GPU, pass costs measured
 SECONDS_PER_TOKEN = 0.03  # a decoded token, generous: our target-only decoding takes 11-12 ms a token on an H200
-MIN_SECONDS, MAX_SECONDS = 30, 120  # what a call asks for; 120 s is also a run's budget elsewhere
+MIN_SECONDS, MAX_SECONDS = 20, 120  # what a call asks for; 120 s is also a run's budget elsewhere
 MARGIN_SECONDS = 5  # a run's own budget ends this long before the GPU is taken back, so it stops and says so
 PAIRS_VARIABLE = "SPECDEMO_ZEROGPU_PAIRS"  # comma-separated pair keys an operator loads at startup instead
 DEFAULT_PAIRS = (  # every SmolLM2-135M pair, and the Hub pairs of up to 1.7B (8.4 GB in bfloat16 in all)
