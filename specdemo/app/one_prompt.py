@@ -201,9 +201,9 @@ def check_run(server: Server, values: dict) -> None:
 
 def run_steps(server: Server, *values: object, run_id: str) -> Iterator[tuple]:
     """The steps of /generate: speculative decoding of `prompt` with the draft/target `pair` and W = `num_candidates`
-    drafts per round, in the number format `dtype` (auto, float32 or bfloat16), streamed; then, with `compare`, the
-    target (and draft model) alone. Each parameter but `prompt` defaults to the form's value. Runs that arrive together
-    share the model's passes."""
+    drafts per round, in the number format `dtype` (auto, float32, bfloat16 or float16), streamed; then, with
+    `compare`, the target (and draft model) alone. Each parameter but `prompt` defaults to the form's value. Runs that
+    arrive together share the model's passes."""
     named, progress = read_values(["prompt", *names()], values)
     with stop_signal(run_id) as stop:
         try:

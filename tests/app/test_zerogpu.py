@@ -177,3 +177,12 @@ def test_with_spaces_installed_and_zerogpu_off_runs_share_one_scheduler(app_serv
     assert runs[0].schedulers is runs[1].schedulers is app_server.schedulers
     schedulers = [run.schedulers.get(run.target, run.draft, run.request.pair.drafter) for run in runs]
     assert schedulers[0] is schedulers[1]  # the rows of both runs join one batch
+
+
+def test_a_model_audit_is_a_call_in_spaces_worker(space):
+    url, log = space
+    before = len(calls(log))
+    verdict = Client(url, verbose=False).predict(mode="model", num_samples=100, api_name="/audit")[0]
+    assert verdict.startswith("**Lossless") or verdict.startswith("**Not"), verdict  # the audit ran to its verdict
+    new = calls(log)[before:]
+    assert [call["call"] for call in new if call["call"] in ("schedule", "release")] == ["schedule", "release"]
