@@ -151,7 +151,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
     outputs = [tokens, summary, acceptance, latency, positions, throughput, trace, candidates, headline]
     steps = gpu_function(partial(run_steps, server), partial(requested_seconds, "prompt"))  # a ZeroGPU call each
     handler = stoppable(steps, signature([PROMPT], RUN_FIELDS), "generate", run_steps.__doc__)
-    check = check_values(["prompt", *names()], partial(check_run, server))
+    check = check_values(["prompt", *names()], partial(check_run, server=server))
     # preprocess=False: the handler checks the raw values itself, so every refusal names its setting (Gradio's own
     # range check says only "Value -1.0 is less than minimum value 0."). The check comes first, in an event with no
     # outputs, so a refusal is a message and the last run's tokens and charts stay; /generate checks again.
@@ -192,11 +192,12 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
     return prompt
 
 
-def check_run(server: Server, values: dict) -> None:
+def check_run(values: dict, server: Server | None = None) -> None:
     """What the page checks before a run: the prompt and every setting, read as /generate reads them, and on ZeroGPU
     that the pair was loaded at startup (before the visitor's GPU time is spent on a refusal)."""
     request = parse_request(values.pop("prompt"), values)
-    server.check_runnable(request.pair, request.dtype)
+    if server is not None:
+        server.check_runnable(request.pair, request.dtype)
 
 
 def run_steps(server: Server, *values: object, run_id: str) -> Iterator[tuple]:

@@ -83,7 +83,7 @@ def build(server: Server, trace: gr.DownloadButton, tokens: gr.HTML, runs: list,
     )
     whole = gpu_function(partial(decode_whole, server), partial(requested_seconds, "prompt")) if ON_ZEROGPU else None
     next_round.click(  # queued (it may load models and decodes), its status hidden so the sentence stays readable
-        partial(next_step, server, whole),
+        partial(next_step, server, whole=whole),
         inputs=[record, stepper, replay, *form],
         outputs=[record, stepper, replay, sentence],
         show_progress="hidden",
@@ -157,7 +157,12 @@ def show_round(record: dict | None, upto: float) -> tuple[str, str]:
 
 
 def next_step(
-    server: Server, whole: Callable[..., dict] | None, record: dict | None, stepper: Stepper | None, upto: float, *form
+    server: Server,
+    record: dict | None,
+    stepper: Stepper | None,
+    upto: float,
+    *form: object,
+    whole: Callable[..., dict] | None = None,
 ) -> tuple:
     """One round more: the next of the run on show; past its last, the next decoded, while a run decoded round by
     round goes on; with nothing to step through, the first round of the form's run (its checks, engine and seed).
@@ -176,11 +181,12 @@ def next_step(
         )
     if whole is not None:
         record = whole(*form)
+        first = min(1, len(record["rounds"]))
         return (
             record,
             None,
-            gr.update(minimum=0, maximum=len(record["rounds"]), value=min(1, len(record["rounds"]))),
-            (step_sentence(record, min(1, len(record["rounds"])))),
+            gr.update(minimum=0, maximum=len(record["rounds"]), value=first),
+            step_sentence(record, first),
         )
     if stepper is None or record is None:
         named, progress = read_values(["prompt", *names()], form)

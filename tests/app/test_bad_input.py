@@ -28,7 +28,7 @@ BAD = [  # (the setting, what the page and the API send, what the command line g
     ("num_draft_tokens", {"num_draft_tokens": 17}, ["--num-draft-tokens", "17"], "num-draft-tokens must be between 1"),
     ("max_new_tokens", {"max_new_tokens": 0}, ["--max-new-tokens", "0"], "max-new-tokens must be between 1 and 2048"),
     ("num_candidates", {"num_candidates": 9}, ["--num-candidates", "9"], "num-candidates must be between 1 and 8"),
-    ("dtype", {"dtype": "float16"}, ["--dtype", "float16"], "Unknown number format 'float16'"),
+    ("dtype", {"dtype": "float64"}, ["--dtype", "float64"], "Unknown number format 'float64'"),
     ("pair", {"pair": "fastest"}, ["--pair", "fastest"], "Unknown pair 'fastest'"),
     ("custom_target", {"pair": "custom", "custom_target": "gpt2"}, ["--target", "gpt2"], "'gpt2' is not a valid"),
     (
