@@ -81,7 +81,7 @@ def build(server: Server, trace: gr.DownloadButton, tokens: gr.HTML, runs: list,
     replay.change(
         show_round, inputs=[record, replay], outputs=[sentence, step_tokens], queue=False, api_visibility="private"
     )
-    whole = gpu_function(partial(decode_whole, server), partial(requested_seconds, "prompt")) if ON_ZEROGPU else None
+    whole = gpu_function(partial(decode_whole, server), whole_seconds) if ON_ZEROGPU else None
     next_round.click(  # queued (it may load models and decodes), its status hidden so the sentence stays readable
         partial(next_step, server, whole=whole),
         inputs=[record, stepper, replay, *form],
@@ -204,6 +204,13 @@ def next_step(
     record = stepper.record()
     total = len(record["rounds"])
     return record, stepper, gr.update(minimum=0, maximum=total, value=total), gr.skip()
+
+
+def whole_seconds(*form: object) -> int:
+    """What decoding the form's run whole asks ZeroGPU for: a run's seconds, without its comparisons."""
+    values = list(form)
+    values[1 + names().index("compare")] = False  # after the prompt
+    return requested_seconds("prompt", *values)
 
 
 def decode_whole(server: Server, *form: object) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -20,9 +21,9 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specdemo.app.form import parse_request
+from specdemo.app.form import defaults, parse_request
 from specdemo.app.runs import call_seconds
-from specdemo.app.zerogpu import ON_ZEROGPU
+from specdemo.app.zerogpu import ON_ZEROGPU, run_seconds
 from specdemo.models.platform import on_zerogpu
 from tests.app.test_browser import ARTIFACTS, CHROMIUM, RUN_ENDS_MS, browser, open_page  # noqa: F401 - a fixture
 from tests.app_helpers import settings
@@ -43,18 +44,21 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def space(offline_model):
-    """The Space's process (the offline model converted once before it starts), its URL and its log."""
+    """The Space's process (the offline model converted once before it starts), its URL and its log. It runs in a
+    session of its own, ended whole: `spaces`' workers are its children, and would outlive it holding pytest's
+    output open."""
     folder = Path(tempfile.mkdtemp(prefix="specdemo-zerogpu-"))  # apart from pytest's folders, which it prunes
     log = folder / "calls.jsonl"
     env = os.environ | {"SPECDEMO_ZEROGPU_PAIRS": PAIRS, "GRADIO_ANALYTICS_ENABLED": "False"}
     command = [sys.executable, "-m", "tests.app.zerogpu_space", str(log), str(free_port())]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    with open(folder / "output.txt", "w") as output:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output, start_new_session=True)
     try:
         url = wait_for(log, lambda call: call["call"] == "ready", STARTS_SECONDS, process)["url"]
         yield url, log
     finally:
-        process.terminate()
-        process.wait(30)
+        os.killpg(process.pid, signal.SIGKILL)  # the Space and every worker it forked
+        process.wait()
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -145,7 +149,8 @@ def test_next_round_and_a_lesson_run_as_calls_in_the_browser(space, browser):  #
     page.wait_for_function(
         "document.querySelector('#round-sentence')?.textContent.includes('Round 1')", timeout=RUN_ENDS_MS
     )
-    assert len([call for call in calls(log)[before:] if call["call"] == "schedule"]) == 1
+    asked = [call["seconds"] for call in calls(log)[before:] if call["call"] == "schedule"]
+    assert asked == [run_seconds(defaults()["max_new_tokens"], 1)]  # one call, for the run without its comparison
     page.click("#next-round")  # the next round of the record: no call
     page.wait_for_function("document.querySelector('#round-sentence')?.textContent.includes('Round 2')")
     page.click("#lesson-greedy")
