@@ -152,9 +152,15 @@ def test_next_round_and_a_lesson_run_as_calls_in_the_browser(space, browser):  #
     asked = [call["seconds"] for call in calls(log)[before:] if call["call"] == "schedule"]
     assert asked == [run_seconds(defaults()["max_new_tokens"], 1)]  # one call, for the run without its comparison
     page.click("#next-round")  # the next round of the record: no call
-    page.wait_for_function("document.querySelector('#round-sentence')?.textContent.includes('Round 2')")
+    page.wait_for_function(
+        "document.querySelector('#round-sentence')?.textContent.includes('Round 2')", timeout=RUN_ENDS_MS
+    )
     page.click("#lesson-greedy")
-    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('identical')", timeout=RUN_ENDS_MS)
+    page.wait_for_function(
+        "document.querySelector('#summary')?.textContent.includes('Greedy check')", timeout=RUN_ENDS_MS
+    )
+    summary = page.inner_text("#summary")
+    assert "identical" in summary, summary  # the lesson's run and the target alone, both decoded in the worker
     page.screenshot(path=str(ARTIFACTS / "zerogpu-lesson.png"), full_page=True)
     assert wait_for(log, lambda call: call["call"] == "run" and call["ended"] == "finished", 60, after=before)
 
