@@ -138,7 +138,7 @@ def test_a_pair_not_loaded_at_startup_is_refused_in_one_sentence(space):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
-def test_next_round_and_a_lesson_run_as_calls_in_the_browser(space, browser):  # noqa: F811 - the imported fixture
+def test_next_round_runs_as_one_call_in_the_browser(space, browser):  # noqa: F811 - the imported fixture
     url, log = space
     ARTIFACTS.mkdir(exist_ok=True)
     page = open_page(browser, url)
@@ -155,14 +155,7 @@ def test_next_round_and_a_lesson_run_as_calls_in_the_browser(space, browser):  #
     page.wait_for_function(
         "document.querySelector('#round-sentence')?.textContent.includes('Round 2')", timeout=RUN_ENDS_MS
     )
-    page.click("#lesson-greedy")
-    page.wait_for_function(
-        "document.querySelector('#summary')?.textContent.includes('Greedy check')", timeout=RUN_ENDS_MS
-    )
-    summary = page.inner_text("#summary")
-    assert "identical" in summary, summary  # the lesson's run and the target alone, both decoded in the worker
-    page.screenshot(path=str(ARTIFACTS / "zerogpu-lesson.png"), full_page=True)
-    assert wait_for(log, lambda call: call["call"] == "run" and call["ended"] == "finished", 60, after=before)
+    page.screenshot(path=str(ARTIFACTS / "zerogpu-next-round.png"), full_page=True)
 
 
 @pytest.mark.parametrize("value", [None, "", "0", "false", "1", "true", "True", "t", "yes"])
