@@ -114,4 +114,16 @@ def sample_from_probs(
 ) -> torch.Tensor:  # [B] int64
     """sample_one for every row."""
     assert bool((probs.sum(dim=-1) > 0).all()), "sample_from_probs got a row with no probability mass"
-    return torch.func.vmap(sample_one)(probs, uniforms)
+    return sample_rows(probs, uniforms)
+
+
+def sample_rows(
+    probs: torch.Tensor,  # [B, V] non-negative weights, each row with some mass
+    uniforms: torch.Tensor,  # [B] float64 in [0, 1)
+) -> torch.Tensor:  # [B] int64
+    """sample_one for every row, batched: the same operations, so the same draws, with no check that reads a value
+    back, so a CUDA graph can capture it."""
+    cdf = probs.double().cumsum(dim=-1)  # [B, V]
+    total = cdf[:, -1:]  # [B, 1]
+    threshold = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return (cdf <= threshold).sum(dim=-1)

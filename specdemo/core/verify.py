@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.core.sampling import Generators, draw_uniforms, sample_from_probs, sample_one
+from specdemo.core.sampling import Generators, draw_uniforms, sample_one, sample_rows
 
 PADDING_ID = -1  # fills token_ids after the one resampled or bonus token
 
@@ -225,7 +225,7 @@ def verify_chains(
     node = select_positions(target, num_accepted)  # [B, V]
     rejected = (num_accepted < lengths).unsqueeze(-1)  # [B, 1]
     next_draft = select_positions(draft, num_accepted.clamp(max=max(num_draft - 1, 0))) * rejected
-    next_ids = sample_from_probs(residual_probs(node, next_draft), uniforms[:, -1])  # [B]
+    next_ids = sample_rows(residual_probs(node, next_draft), uniforms[:, -1])  # [B]
     return CandidateVerdict(
         tested=tested.unsqueeze(1),
         accepted=(tested & passed).unsqueeze(1),
