@@ -19,9 +19,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from benchmarks.common import parser
 from specdemo.models.fixed_shape import PASS_COLUMNS, PASS_ROWS, FixedShapeModel
+from specdemo.models.graphs import synchronize
 from specdemo.models.layout import RowRequest
 from specdemo.models.loading import load_model
-from specdemo.models.tree_cache import synchronize
 
 SMOLLM2_135M = dict(  # SmolLM2-135M-Instruct's shape: a pass's cost does not depend on the weights
     vocab_size=49_152,
@@ -62,9 +62,8 @@ def measure(model: PreTrainedModel, prompt: list[int], steps: int, repeats: int,
     device = model.device
     passes = FixedShapeModel(model)
     passes.logits({"row": RowRequest(prompt, [], "all", capacity=len(prompt) + steps + 1)})  # reads the prompt
-    row = passes.rows["row"]
-    pool, index = row.pool, row.chains[0].index
-    first, local = index - index % PASS_ROWS, index % PASS_ROWS
+    chain = passes.rows["row"].chains[0]
+    pool, first, local = chain.group, 0, chain.local
 
     def inputs(token: int, position: int) -> list[torch.Tensor]:  # a one-token step of the row, as _decode pads it
         ids = torch.zeros(PASS_ROWS, PASS_COLUMNS, dtype=torch.long)

@@ -101,7 +101,7 @@ def test_out_of_device_memory_fails_the_row_that_joined_and_the_others_go_on(tin
     prompts = {0: [0, 5, 9, 5, 9, 12, 7], 1: [0, 10, 19, 5, 21, 5, 13], 2: [0, 3] * 40}
     spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=20)
     for row in (0, 1):
-        decoder.add(row, prompts[row], SamplingConfig(temperature=0.9, seed=row), spec)
+        decoder.add(row, prompts[row], SamplingConfig(temperature=0.9, seed=row + 10), spec)
     rounds: dict[int, list] = {0: [], 1: []}
     for row, round_ in decoder.step():
         rounds[row].append(round_)
@@ -126,7 +126,7 @@ def test_out_of_device_memory_fails_the_row_that_joined_and_the_others_go_on(tin
     for row in (0, 1):
         alone = speculative_generate(
             tiny_target, tiny_drafter("ngram", None, None), torch.tensor([prompts[row]]),
-            SamplingConfig(temperature=0.9, seed=row), spec, EOS,
+            SamplingConfig(temperature=0.9, seed=row + 10), spec, EOS,
         )  # fmt: skip
         assert emitted_ids(rounds[row]) == emitted_ids(alone), row
     decoder.add(3, prompts[2], SamplingConfig(), spec)

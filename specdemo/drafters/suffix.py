@@ -202,10 +202,11 @@ class SuffixDrafter:
         if state is None:
             state = self.rows[request.key] = _RowState(len(request.sequence_ids))
         sequence = request.sequence_ids
-        state.learn(sequence[len(state.sequence_ids) :])
-        for token in sequence[len(state.sequence_ids) :]:
+        new = sequence[len(state.sequence_ids) :]
+        state.learn(new)
+        for token in new:
             state.open_nodes = state.trie.extend(state.open_nodes, token)
-        state.sequence_ids = list(sequence)
+        state.sequence_ids.extend(new)  # what the row emitted since: O(new tokens), not O(sequence)
         candidates = self._candidates(state, sequence, request.num_candidates, request.num_draft_tokens)
         estimates = [[min(1.0, score * state.ratio(key)) for _, key, score in candidate] for candidate in candidates]
         first = sum(candidate[0] for candidate in estimates)

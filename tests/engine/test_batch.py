@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.fixed_rule import DRAWS_PER_ROUND, round_uniforms, seed_from
 from specdemo.core.sampling import build_warpers, logits_to_probs, sample_from_probs
 from specdemo.core.stats import emitted_ids
-from specdemo.core.verify import rejection_sample
+from specdemo.core.verify import verify_rows
 from specdemo.drafters import ModelDrafter, NgramDrafter, NoDrafter, find_ngram_continuations
 from specdemo.engine.decoding import BatchDecoder, batch_generate, speculative_generate
+from specdemo.models.fixed_shape import SEED_BITS
 from specdemo.models.loading import OFFLINE_DEFAULT, chat_prompt_ids, load_model, native_bfloat16
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 from tests.helpers import GREEDY_PROMPTS, TINY_VOCAB, assert_equal_or_near_tie, tiny_drafter
@@ -76,10 +78,12 @@ def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(
 
 
 def single_chain_reference(target, draft, prompt, sampling, spec) -> list[int]:
-    """The algorithm as it was before the batched engine: one draft chain, uncached forwards, rejection_sample, the
-    same draws from one generator (one per draft token, then K + 1)."""
+    """The algorithm as it was before the batched engine: one draft chain, uncached forwards, the rule on one
+    candidate, the same draws: the drafter's from the row's generator (after the seed of the row's stream), the
+    rule's from that stream, K tests then the next token in each round's block (round_uniforms)."""
     generator = torch.Generator().manual_seed(sampling.seed)
-    warpers, sequence, emitted = build_warpers(sampling), list(prompt), []
+    seed = torch.tensor([seed_from(generator) % 2**SEED_BITS])
+    warpers, sequence, emitted, rounds = build_warpers(sampling), list(prompt), [], 0
     while len(emitted) < spec.max_new_tokens:
         num_draft = min(spec.num_draft_tokens, spec.max_new_tokens - len(emitted) - 1)
         drafts, draft_probs = [], []
@@ -101,7 +105,11 @@ def single_chain_reference(target, draft, prompt, sampling, spec) -> list[int]:
         q = torch.nn.functional.one_hot(torch.tensor([drafts], dtype=torch.long), TINY_VOCAB).float()
         if draft is not None and not sampling.is_greedy and drafts:
             q = torch.stack(draft_probs[:cut])[None]
-        result = rejection_sample(torch.tensor([drafts], dtype=torch.long), q, target_probs, generator=generator)
+        uniforms = round_uniforms(seed, torch.tensor([rounds * DRAWS_PER_ROUND]), len(drafts))  # [1, k+1]
+        lengths = torch.tensor([[len(drafts)]])
+        ids = torch.tensor([[drafts]], dtype=torch.long).reshape(1, 1, len(drafts))
+        result = verify_rows(ids, lengths, q[:, None], target_probs[:, None], uniforms)
+        rounds += 1
         new = [*drafts[: int(result.num_accepted[0])], int(result.next_token_ids[0])]
         new = new[: next((i + 1 for i, t in enumerate(new) if t in EOS), len(new))]
         sequence, emitted = sequence + new, emitted + new

@@ -72,7 +72,8 @@ class SwappingScheduler(Scheduler):
         super()._admit()
         rows = list(self.decoder.rows.values())
         if len(rows) >= 3 and not getattr(self, "swapped", False):
-            rows[1].generator, rows[2].generator = rows[2].generator, rows[1].generator
+            rows[1].generator, rows[2].generator = rows[2].generator, rows[1].generator  # the drafter's draws
+            rows[1].seed, rows[2].seed = rows[2].seed, rows[1].seed  # the rule's
             self.swapped = True
 
 

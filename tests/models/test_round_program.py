@@ -1,0 +1,251 @@
+"""A GPU round on the CPU: fixed-shape passes and graphs forced, each capture replaced by a stand-in that runs the
+program eagerly and is counted as one launch, and what a round does outside its replay counted exactly: host waits
+(a value read back, a stream or event wait), kernel-launching ops (aten ops that are not views), captures. These are
+the CPU's proxies for what a GPU pays around its pass (docs/how-it-works.md, "A round on a GPU")."""
+
+# B = rows, K = num_draft_tokens
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.stats import emitted_ids
+from specdemo.drafters.base import Draft, DraftRequest, NoDrafter
+from specdemo.drafters.suffix import SuffixDrafter
+from specdemo.engine.decoding import BatchDecoder
+from specdemo.models import fixed_shape, graphs
+from specdemo.models.graphs import Program
+from specdemo.models.pools import pools_for
+from tests.engine.test_batch import PROMPTS
+from tests.helpers import FREE, HostWaits, tiny_model
+
+EOS: frozenset[int] = frozenset()
+SAMPLED = SamplingConfig(temperature=0.8, top_p=0.9, repetition_penalty=1.2, seed=7)
+DEPTH = 16  # K: every column of a pass drafted
+
+
+class StandIn(Program):
+    """A captured program as the host sees it: one launch. It runs eagerly, and what it runs is not counted."""
+
+    replaying = False
+    captures = 0
+
+    def __init__(self, run, inputs, memory) -> None:
+        super().__init__(run, inputs)
+        StandIn.captures += 1
+
+    def replay(self) -> tuple[torch.Tensor, ...]:
+        StandIn.replaying = True
+        try:
+            return super().replay()
+        finally:
+            StandIn.replaying = False
+
+
+class DeviceOps(TorchDispatchMode):
+    """Counts the aten ops that launch a kernel on a GPU (not views, not allocations) outside a replay; a replay
+    counts as one."""
+
+    QUIET = ("empty", "empty_like", "empty_strided", "_to_copy.dtype", "lift_fresh")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket.__name__)
+        if not StandIn.replaying and not func.is_view and name not in self.QUIET:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+class Counted:
+    """Per round: host waits and kernel-launching ops outside the replay, and replays."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.stream_waits = 0
+        for name in ("synchronize", "wait"):
+            original = getattr(graphs, name)
+            monkeypatch.setattr(graphs, name, self._counting(original))
+        original_replay = StandIn.replay
+
+        def replay(program: StandIn) -> tuple[torch.Tensor, ...]:
+            self.ops.ops.append("replay")
+            return original_replay(program)
+
+        monkeypatch.setattr(StandIn, "replay", replay)
+        self.ops = DeviceOps()
+
+    def _counting(self, function):
+        def counted(*args, **kwargs):
+            self.stream_waits += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    def round(self, decoder: BatchDecoder) -> tuple[int, int, list]:
+        """(host waits, kernel-launching ops, outcomes) of one decoder.step()."""
+        self.stream_waits, self.ops.ops = 0, []
+        with HostWaits() as waits, self.ops:
+            outcomes = decoder.step()
+        return len(waits.calls) + self.stream_waits, len(self.ops.ops), outcomes
+
+
+@pytest.fixture
+def gpu_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
+    """The GPU's path on the CPU: fixed-shape passes, graphs asked for, captures replaced by the stand-in."""
+    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, "1")
+    StandIn.captures = 0
+    with graphs.standing_in(StandIn):
+        yield Counted(monkeypatch)
+
+
+class Scripted:
+    """A drafter that proposes given tokens: the target's own continuation (all accepted) or other tokens (none)."""
+
+    def __init__(self, continuation: list[int], wrong: bool) -> None:
+        self.continuation, self.wrong = continuation, wrong
+
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        drafts = []
+        for request in requests:
+            done = len(request.sequence_ids) - len(PROMPTS[0])
+            tokens = self.continuation[done : done + request.num_draft_tokens]
+            drafts.append(Draft([[(t + 1) % 32 if self.wrong else t for t in tokens]], None))
+        return drafts
+
+    def forget(self, key: Hashable) -> None:
+        pass
+
+
+def steady_rounds(counted: Counted, decoder: BatchDecoder) -> list[tuple[int, int, int]]:
+    """(host waits, ops, tokens accepted) of every round after the first (which reads the prompt)."""
+    decoder.step()
+    found = []
+    while decoder.rows:
+        waits, ops, outcomes = counted.round(decoder)
+        found.append((waits, ops, outcomes[0][1].num_accepted))
+    return found
+
+
+def target_text(target: torch.nn.Module, new_tokens: int) -> list[int]:
+    decoder = BatchDecoder(target, NoDrafter(), EOS)
+    decoder.add(0, PROMPTS[0], SamplingConfig(), SpeculativeConfig(max_new_tokens=new_tokens))
+    rounds = []
+    while decoder.rows:
+        rounds += [round_ for _, round_ in decoder.step()]
+    return emitted_ids(rounds)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLED], ids=["greedy", "sampled"])
+def test_a_target_only_round_waits_once_and_launches_a_few_ops(gpu_path: Counted, sampling: SamplingConfig) -> None:
+    """Target-only, greedy and sampled (with top-p and a repetition penalty): one host wait a round, and the input
+    copy, the replay and the output copy outside it. Planted: a synchronize() after the replay (2 waits a round)."""
+    decoder = BatchDecoder(tiny_model(1), NoDrafter(), EOS)
+    decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(max_new_tokens=12))
+    rounds = steady_rounds(gpu_path, decoder)
+    assert len(rounds) == 11
+    assert max(waits for waits, _, _ in rounds) <= 1, rounds
+    assert max(ops for _, ops, _ in rounds) <= 10, rounds
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["all-accepted", "none-accepted"])
+def test_a_round_of_sixteen_drafted_tokens_costs_the_same_whatever_is_accepted(gpu_path: Counted, wrong: bool) -> None:
+    """K = 16 drafted tokens a round, all accepted or none: one wait and a few ops, the same either way, so nothing
+    the host does grows with the tokens accepted (the inspector's views are read from the packed round). Planted: one
+    tensor op per accepted token in the round's bookkeeping (all-accepted fails)."""
+    target = tiny_model(1)
+    continuation = target_text(target, 3 * (DEPTH + 1))
+    decoder = BatchDecoder(target, Scripted(continuation, wrong), EOS)
+    decoder.add(0, PROMPTS[0], SamplingConfig(), SpeculativeConfig(DEPTH, max_new_tokens=3 * (DEPTH + 1)))
+    rounds = steady_rounds(gpu_path, decoder)
+    accepted = {count for _, _, count in rounds}
+    assert accepted == ({0} if wrong else {DEPTH}), rounds
+    assert max(waits for waits, _, _ in rounds) <= 1, rounds
+    assert max(ops for _, ops, _ in rounds) <= 10, rounds
+
+
+def test_the_suffix_drafter_at_sixteen_tokens_waits_once_a_round(gpu_path: Counted) -> None:
+    """The suffix drafter, up to 16 tokens a round, on a prompt that holds the target's own text: its rounds wait once
+    and launch a few ops, however many of its tokens are accepted."""
+    target = tiny_model(1)
+    text = target_text(target, 40)
+    decoder = BatchDecoder(target, SuffixDrafter(FREE, cache_tokens=0), EOS)
+    decoder.add(0, PROMPTS[0] + text + PROMPTS[0], SamplingConfig(), SpeculativeConfig(DEPTH, max_new_tokens=40))
+    rounds = steady_rounds(gpu_path, decoder)
+    assert max(count for _, _, count in rounds) > 1, rounds
+    assert max(waits for waits, _, _ in rounds) <= 1, rounds
+    assert max(ops for _, ops, _ in rounds) <= 10, rounds
+
+
+def test_programs_are_captured_once_per_group_and_mode_for_the_process(gpu_path: Counted) -> None:
+    """Two runs one after the other, then two requests at once, greedy and sampled: one capture per mode, all in the
+    first runs; the later runs reuse the kept groups and their programs, and give the same text. Planted: a pool
+    that lets an emptied group go (each run captures again)."""
+    target = tiny_model(1)
+    spec = SpeculativeConfig(max_new_tokens=6)
+
+    def run(*samplings: SamplingConfig) -> list[list[int]]:
+        decoder = BatchDecoder(target, NoDrafter(), EOS)
+        for index, sampling in enumerate(samplings):
+            decoder.add(index, PROMPTS[0], sampling, spec)
+        rounds: dict[int, list] = {index: [] for index in range(len(samplings))}
+        while decoder.rows:
+            for key, round_ in decoder.step():
+                rounds[key].append(round_)
+        return [emitted_ids(found) for found in rounds.values()]
+
+    first = run(SamplingConfig()) + run(SAMPLED)
+    assert StandIn.captures == 2
+    again = run(SamplingConfig()) + run(SAMPLED)
+    together = run(SamplingConfig(), SAMPLED)
+    assert StandIn.captures == 2  # a group with a sampled row runs the sampled program, greedy rows in it too
+    assert again == first and together == first
+    assert len(pools_for(target).idle) == 1
+
+
+def test_a_model_loaded_where_rounds_replay_graphs_captures_them_at_load(gpu_path: Counted) -> None:
+    """capture_at_load: the greedy and sampled rounds of a first group, captured once with a line for the load's
+    progress; a run then captures nothing. Where graphs are off, no line and no capture."""
+    target = tiny_model(1)
+    assert fixed_shape.capture_at_load(target).startswith("Captured greedy and sampled rounds as CUDA graphs")
+    assert StandIn.captures == 2
+    decoder = BatchDecoder(target, NoDrafter(), EOS)
+    decoder.add(0, PROMPTS[0], SAMPLED, SpeculativeConfig(max_new_tokens=4))
+    while decoder.rows:
+        decoder.step()
+    assert StandIn.captures == 2 + 1  # SAMPLED has a repetition penalty: a mode of its own, captured at first use
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(fixed_shape.GRAPHS_VARIABLE, "0")
+        assert fixed_shape.capture_at_load(tiny_model(1)) is None
+    assert StandIn.captures == 3
+
+
+class OutOfMemoryAtCapture(StandIn):
+    def __init__(self, run, inputs, memory) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory (planted at capture)")
+
+
+def test_running_out_of_memory_while_capturing_costs_the_rows_a_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture that runs out of device memory: the round's rows leave with the sentence that names the memory and
+    the way forward, graphs stay asked for, and the next run, with memory again, decodes and captures."""
+    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, "1")
+    target = tiny_model(1)
+    spec = SpeculativeConfig(max_new_tokens=4)
+    with graphs.standing_in(OutOfMemoryAtCapture):
+        decoder = BatchDecoder(target, NoDrafter(), EOS)
+        decoder.add(0, PROMPTS[0], SamplingConfig(), spec)
+        [(key, outcome)] = decoder.step()
+    assert key == 0 and "needed more memory than the cpu device had" in str(outcome) and not decoder.rows
+    assert decoder.verifier.graphs
+    StandIn.captures = 0
+    with graphs.standing_in(StandIn):
+        assert len(target_text(target, 4)) == 4
+    assert StandIn.captures == 1
