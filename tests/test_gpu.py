@@ -1,11 +1,12 @@
 """The GPU check: `python3 -m pytest -m gpu tests/test_gpu.py` on a bare CUDA machine (torch and transformers as the
 image ships them, no Gradio, no network, no install), or `make test-gpu`. Every drafter kind's greedy text in
 bfloat16 against the target alone (and batched against alone), sampled runs of every kind at W = 1 and W = 3, the rule's
-distribution on CUDA generators, training, the model audit, speed against HF `generate`; one table at the end, also
-written to test-artifacts/gpu.json (or $SPECDEMO_GPU_ARTIFACTS). Without the offline weights the target is random
-weights of SmolLM2-135M's shape, with a random recurrent head: random weights have more near-ties, so identity is
-harder. SPECDEMO_GPU_TEST_DEVICE=cpu runs the same file on the CPU with a small random model, fixed-shape passes
-forced: a dry run of the GPU's code paths."""
+distribution on CUDA generators, training, the model audit, speed (issue 50's rows: our target-only decoding against HF
+`generate` with its default and its compiled static cache, the suffix pair against HF prompt lookup, the hybrid against
+our target-only, B = 8 against B = 1, graph captures); one table at the end, also written to test-artifacts/gpu.json
+(or $SPECDEMO_GPU_ARTIFACTS). Without the offline weights the target is random weights of SmolLM2-135M's shape, with a
+random recurrent head: random weights have more near-ties, so identity is harder. SPECDEMO_GPU_TEST_DEVICE=cpu runs the
+same file on the CPU with a small random model, fixed-shape passes forced: a dry run of the GPU's code paths."""
 
 # B = rows, K = num_draft_tokens, W = num_candidates, V = vocab_size, N = rows of a distribution test
 
@@ -18,16 +19,17 @@ import platform
 import random
 import statistics
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from benchmarks.cuda_graphs import SMOLLM2_135M  # random weights of its shape: near-ties and cost as the real one
 from specdemo.audit import model_audit, toy_audit
-from specdemo.bench.prompts import PROMPTS
+from specdemo.bench.prompts import PROMPTS, BenchPrompt
 from specdemo.bench.single import HF_GENERATE, SPECULATIVE, TARGET_ONLY, bench_methods
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids
@@ -37,6 +39,7 @@ from specdemo.drafters.recurrent import RecurrentDrafter, RecurrentHead, cached_
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, batch_generate, speculative_generate
 from specdemo.models import fixed_shape
 from specdemo.models.fixed_shape import FixedShapeModel
+from specdemo.models.graphs import synchronize
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.tree_cache import TreeCachedModel
@@ -157,22 +160,29 @@ def test_the_target_and_its_passes_are_on_the_device(subject):
 
 
 def test_passes_replay_cuda_graphs_and_give_the_eager_text(subject, monkeypatch):
-    """On CUDA every decoding pass is replayed from a CUDA graph (models/fixed_shape.py); the text is the text of eager
-    passes, and the captures' time is recorded. The dry run asks for graphs too: its failed capture decodes eagerly."""
+    """On CUDA every round of one-candidate rows replays a captured program (models/fixed_shape.py), captured at load
+    (capture_at_load, timed) and kept for the process; the text is the text of eager programs. The dry run asks for
+    graphs too: its failed capture decodes eagerly."""
     prompt = torch.tensor([subject.prompts[1]], device=DEVICE)
     spec = SpeculativeConfig(num_draft_tokens=8, max_new_tokens=NEW_TOKENS)
-    texts, captured = {}, {}
+    texts = {}
     for graphs in ("0", "1"):
         monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs)
+        if graphs == "1":
+            at_load = fixed_shape.capture_at_load(subject.model)
         decoder = BatchDecoder(subject.model, NgramDrafter(), subject.eos)
         decoder.add(0, prompt[0].tolist(), GREEDY, spec)
         rounds = []
         while decoder.rows:
             rounds += [round_ for _, round_ in decoder.step()]
-        texts[graphs], captured[graphs] = emitted_ids(rounds), decoder.verifier.capture_seconds
+        texts[graphs] = emitted_ids(rounds)
     assert texts["1"] == texts["0"]
-    assert (captured["1"] > 0) == ON_CUDA and decoder.verifier.graphs == ON_CUDA
-    record("setup", graphs=f"replayed, {captured['1']:.2f} s to capture" if ON_CUDA else "eager (no CUDA)")
+    pools = decoder.verifier.pools
+    assert bool(pools.captures) == ON_CUDA and decoder.verifier.graphs == ON_CUDA
+    assert decoder.verifier.capture_seconds == 0 or not ON_CUDA  # the run replayed what the load captured
+    record(
+        "setup", graphs=at_load or "eager (no CUDA)", captures=f"{len(pools.captures)} in {pools.capture_seconds:.2f} s"
+    )
 
 
 def describe_device() -> str:
@@ -359,32 +369,335 @@ def test_app_streams_a_run_from_the_device(subject):
     assert len([u for u in updates if "tok-" in u[0]]) >= 2
 
 
-# --- speed -----------------------------------------------------------------------------------------------------------
+# --- speed: issue 50's rows ------------------------------------------------------------------------------------------
+# Figures, not assertions: the speed bounds issue 50 names are recorded beside each figure. What the tests assert is
+# behaviour: the texts of our speculative and batched runs are our target-only texts.
+
+SPEED_TOKENS = 64 if ON_CUDA else 8  # new tokens a timed run (issue 50: 64 or more)
+SPEED_REPEATS = 3 if ON_CUDA else 1  # timed runs of each method on each prompt, interleaved, after one warm-up
+Method = Callable[[list[int]], tuple[list[int], int | None]]  # prompt ids -> new ids, target passes (None: uncounted)
+
+_NOTICE = (
+    "Notice to members: from Monday, June 2 the outdoor pool opens at 7:00 and closes at 21:30. Lane swimming is "
+    "reserved for members between 7:00 and 9:00. Children under twelve must be accompanied by an adult at all times. "
+    "The sauna stays closed until Friday, June 6 for repairs."
+)
+_TYPOS = (
+    "Our team finised the migraton of the billing servise last weak. The new sistem handles twice as many requests "
+    "and the avarage response time droped from 180 to 95 miliseconds. We will turn off the old servers on Friday."
+)
+_SCRIPT = """def count_words(lines):
+    tmp = {}
+    for line in lines:
+        for word in line.split():
+            tmp[word] = tmp.get(word, 0) + 1
+    return tmp
+"""
+_EMAIL = (
+    "Hi Sam, the delivery of 40 office chairs from Norden Furniture is delayed from May 12 to May 19 because of a "
+    "strike at the port of Hamburg. Norden offers a 10% discount on the order, which was 6,800 euros. Please tell "
+    "Priya in facilities before Thursday whether we accept the new date or cancel. Best, Jonas"
+)
+_SHIPPING = (
+    "Shipping note 2291. From: Lindqvist Tools, Storgatan 5, Uppsala. To: Harbour Bikes, 14 Quay Street, Cork. "
+    "Contents: 3 torque wrenches, 12 tyre levers, 1 wheel truing stand. Dispatched on 3 October."
+)
+_STEPS = (
+    "To reset the router, unplug it from the wall. Wait thirty seconds. Plug it back in and wait until the front "
+    "light turns green. Hold the reset button on the back for ten seconds with a paper clip. Log in at 192.168.1.1 "
+    "with the password printed on the sticker underneath."
+)
+SPEED_PROMPTS: tuple[BenchPrompt, ...] = (  # written 2026-11-27 for issue 50's rows; none is from bench/prompts.py
+    BenchPrompt("quote-notice", True, f"Quote, word for word, the sentences of this notice about times:\n\n{_NOTICE}"),
+    BenchPrompt(
+        "fix-typos", True, f"Correct the spelling in this paragraph and return the whole paragraph:\n\n{_TYPOS}"
+    ),
+    BenchPrompt("rename-variable", True, f"Rename `tmp` to `counts` and return the whole function:\n\n{_SCRIPT}"),
+    BenchPrompt("summarise-email", True, f"Summarise this email, keeping its names, dates and numbers:\n\n{_EMAIL}"),
+    BenchPrompt("note-to-json", True, f"Turn this note into JSON with keys from, to, items and date:\n\n{_SHIPPING}"),
+    BenchPrompt("steps-as-list", True, f"Rewrite these instructions as a numbered list, same wording:\n\n{_STEPS}"),
+    BenchPrompt("lighthouse-poem", False, "Write a short poem about a lighthouse keeper's last night on duty."),
+    BenchPrompt("robot-gardener", False, "Tell a short story about a robot that learns to grow tomatoes."),
+    BenchPrompt("night-shift-sleep", False, "Give me some advice on sleeping well when I work night shifts."),
+    BenchPrompt("tides-for-kids", False, "Explain to a ten-year-old why the sea has tides."),
+    BenchPrompt("rainy-party", False, "Suggest ideas for a rainy-day birthday party for six-year-olds."),
+    BenchPrompt("neighbour-note", False, "Write a friendly note inviting a new neighbour over for coffee."),
+)
 
 
-def test_milliseconds_per_token_of_our_target_only_and_hf_generate(subject):
-    """Batch 1, greedy, the first prompt, NEW_TOKENS tokens: ours and HF `generate` interleaved, medians of 3 (the
-    tokens are read back on the host, which waits for the GPU)."""
+def speed_prompt_ids(subject: Subject, prompt: BenchPrompt) -> list[int]:
+    """The prompt in the chat template with the offline weights; without a tokenizer, its UTF-8 bytes as ids: random
+    weights read no meaning, but the prompt keeps its length and its repeats."""
+    if subject.loaded is not None:
+        return chat_prompt_ids(subject.loaded, prompt.text)[0].tolist()
+    return [1, *(3 + byte for byte in prompt.text.encode())]
 
-    def ours() -> int:
-        prompt_ids = torch.tensor([subject.prompts[0]], device=DEVICE)
-        return len(
-            emitted_ids(list(autoregressive_generate(subject.model, prompt_ids, GREEDY, NEW_TOKENS, frozenset())))
-        )
 
-    def theirs() -> int:
-        prompt_ids = torch.tensor([subject.prompts[0]], device=DEVICE)  # min_new_tokens: no early EOS, as ours
-        return len(hf_greedy(subject.model, prompt_ids, NEW_TOKENS, None, min_new_tokens=NEW_TOKENS))
+def ours_method(subject: Subject, kind: str | None, eos: frozenset[int]) -> Method:
+    """Our decoding of one row, greedy: the target alone (kind None), or drafted by a fresh `kind` at K = 16 (free pass
+    costs: a fixed-shape pass costs the same however much it verifies, so drafting all there is is the planner's
+    choice on a GPU). Its passes are its rounds."""
+    spec = SpeculativeConfig(num_draft_tokens=NUM_DRAFT_TOKENS, max_new_tokens=SPEED_TOKENS)
 
-    timings: dict[str, list[float]] = {"ours": [], "hf": []}
-    for repeat in range(4):  # the first is a warm-up
-        for name, method in (("ours", ours), ("hf", theirs))[:: 1 if repeat % 2 else -1]:
-            started = time.perf_counter()
-            tokens = method()
-            if repeat:
-                timings[name].append(1000 * (time.perf_counter() - started) / tokens)
-    ours_ms, hf_ms = statistics.median(timings["ours"]), statistics.median(timings["hf"])
-    record("speed", ours_target_only_ms_per_token=round(ours_ms, 2), hf_generate_ms_per_token=round(hf_ms, 2))
+    def run(prompt: list[int]) -> tuple[list[int], int]:
+        prompt_ids = torch.tensor([prompt], device=DEVICE)
+        if kind is None:
+            rounds = list(autoregressive_generate(subject.model, prompt_ids, GREEDY, SPEED_TOKENS, eos))
+        else:
+            rounds = list(speculative_generate(subject.model, drafter_for(kind, subject), prompt_ids, GREEDY, spec,
+                                               eos))  # fmt: skip
+        return emitted_ids(rounds), len(rounds)
+
+    return run
+
+
+def hf_method(subject: Subject, eos: frozenset[int], count_passes: bool = True, **settings: object) -> Method:
+    """HF `generate`, greedy, stopping where ours stops (no EOS given: exactly SPEED_TOKENS); its target passes counted
+    by a forward hook (not under torch.compile, which would have to trace the hook)."""
+    stopping = {} if eos else {"min_new_tokens": SPEED_TOKENS}
+
+    def run(prompt: list[int]) -> tuple[list[int], int | None]:
+        prompt_ids = torch.tensor([prompt], device=DEVICE)
+        calls: list[int] = []
+        hook = subject.model.register_forward_pre_hook(lambda *_: calls.append(1)) if count_passes else None
+        try:
+            token_ids = hf_greedy(subject.model, prompt_ids, SPEED_TOKENS, eos or None, **stopping, **settings)
+        finally:
+            if hook is not None:
+                hook.remove()
+        return token_ids, len(calls) if count_passes else None
+
+    return run
+
+
+def hf_compiled_static() -> dict[str, object]:
+    """`generate`'s settings for transformers' compiled static-cache path: in 5.x `cache_implementation="static"` makes
+    generate compile the forward with its CompileConfig (torch.compile, mode="reduce-overhead"), on CUDA only; here
+    fullgraph=True, as gpt-fast. The dry run traces the same path with dynamo's eager backend, forced on the CPU."""
+    if ON_CUDA:
+        return dict(cache_implementation="static", compile_config=CompileConfig(fullgraph=True))
+    config = CompileConfig(fullgraph=True, backend="eager", mode=None)
+    config._compile_all_devices = True  # HF's own switch for compiling off CUDA ("useful for testing purposes")
+    return dict(cache_implementation="static", compile_config=config)
+
+
+@dataclass
+class Timed:
+    """One method's timed runs on one prompt: its new tokens, its target passes (None: not counted), each run's time."""
+
+    token_ids: list[int] = field(default_factory=list)
+    passes: int | None = None
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1e3 * statistics.median(self.seconds) / max(1, len(self.token_ids))
+
+    @property
+    def ms_per_pass(self) -> float | None:  # ours: ms per round; HF: ms per forward
+        return 1e3 * statistics.median(self.seconds) / self.passes if self.passes else None
+
+    @property
+    def tokens_per_pass(self) -> float | None:
+        return len(self.token_ids) / self.passes if self.passes else None
+
+
+@dataclass
+class Timings:
+    runs: dict[str, list[Timed]]  # by method, one per prompt
+    failed: dict[str, str]  # optional methods that raised: the error in one line
+    warm_up_seconds: dict[str, float]  # each method's first run (a compiling method compiles there)
+
+
+def run_timed(method: Method, prompt: list[int]) -> tuple[list[int], int | None, float]:
+    """One run between two synchronizations: the clock stops when the GPU has finished, not when the host has queued."""
+    synchronize(DEVICE)
+    started = time.perf_counter()
+    token_ids, passes = method(prompt)
+    synchronize(DEVICE)
+    return token_ids, passes, time.perf_counter() - started
+
+
+def interleaved(
+    methods: dict[str, Method], prompts: list[list[int]], repeats: int = SPEED_REPEATS, optional: tuple[str, ...] = ()
+) -> Timings:
+    """Each method warmed up once on the first prompt, then run `repeats` times on every prompt, in an order rotated
+    each time so that none always runs first. An optional method that raises is left out with its error in one line."""
+    timings = Timings({name: [Timed() for _ in prompts] for name in methods}, {}, {})
+    names = list(methods)
+    for repeat in range(-1, repeats):  # -1: the warm-up
+        for index, prompt in enumerate(prompts if repeat >= 0 else prompts[:1]):
+            shift = (index + repeat) % len(names)
+            for name in [n for n in names[shift:] + names[:shift] if n not in timings.failed]:
+                try:
+                    token_ids, passes, seconds = run_timed(methods[name], prompt)
+                except Exception as error:  # recorded in one line, then the others go on
+                    if name not in optional:
+                        raise
+                    timings.failed[name] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"[:200]
+                    continue
+                if repeat < 0:
+                    timings.warm_up_seconds[name] = round(seconds, 2)
+                    continue
+                timed = timings.runs[name][index]
+                timed.token_ids, timed.passes = token_ids, passes
+                timed.seconds.append(seconds)
+    timings.runs = {name: runs for name, runs in timings.runs.items() if name not in timings.failed}
+    return timings
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return round(statistics.median(known), 2) if known else None
+
+
+def described(name: str, runs: list[Timed]) -> dict[str, float | None]:
+    """ms per token, tokens per target pass and ms per round (ours: one draft and one pass; HF's: one forward, which
+    verifies its lookup's draft), medians over the prompts."""
+    return {
+        f"{name} ms/token": _median([r.ms_per_token for r in runs]),
+        f"{name} tokens/pass": _median([r.tokens_per_pass for r in runs]),
+        f"{name} ms/round": _median([r.ms_per_pass for r in runs]),
+    }
+
+
+def speedup(top: list[Timed], bottom: list[Timed]) -> float:
+    """How many times faster `top` decodes a token than `bottom`: the median over prompts of their ratio."""
+    return round(statistics.median(b.ms_per_token / t.ms_per_token for t, b in zip(top, bottom, strict=True)), 2)
+
+
+def record_per_prompt(prompts: list[BenchPrompt], timings: Timings) -> None:
+    """Each prompt's figures, into gpu.json (not the printed table)."""
+    for index, prompt in enumerate(prompts):
+        figures = {
+            name: dict(new_tokens=len(runs[index].token_ids), ms_per_token=round(runs[index].ms_per_token, 2),
+                       tokens_per_pass=runs[index].tokens_per_pass, ms_per_pass=runs[index].ms_per_pass)
+            for name, runs in timings.runs.items()
+        }  # fmt: skip
+        record("per prompt (issue 50)", **{prompt.name: figures})
+
+
+def texts_differing(timings: Timings, name: str, reference: str, prompts: list[BenchPrompt]) -> list[str]:
+    pairs = zip(prompts, timings.runs[name], timings.runs[reference], strict=True)
+    return [prompt.name for prompt, got, expected in pairs if got.token_ids != expected.token_ids]
+
+
+def test_the_suffix_pair_against_hf_prompt_lookup_on_grounded_prompts(subject):
+    """Issue 50: the suffix pair ≥ 2× HF prompt lookup (K = 16 both) on the grounded prompts, with our target-only
+    decoding beside; ms per token, tokens per pass and ms per pass (our round) of each, medians of interleaved runs.
+    Our suffix text is our target-only text on every prompt."""
+    prompts = [prompt for prompt in SPEED_PROMPTS if prompt.grounded]
+    methods = {
+        "ours target-only": ours_method(subject, None, subject.eos),
+        "suffix": ours_method(subject, "suffix", subject.eos),
+        "HF prompt lookup": hf_method(subject, subject.eos, prompt_lookup_num_tokens=NUM_DRAFT_TOKENS),
+    }
+    timings = interleaved(methods, [speed_prompt_ids(subject, prompt) for prompt in prompts])
+    runs = timings.runs
+    lookup_differing = texts_differing(timings, "HF prompt lookup", "ours target-only", prompts)
+    record("speed, grounded prompts, suffix vs HF prompt lookup (issue 50)", **{
+        "suffix ÷ HF prompt lookup (target ≥ 2)": speedup(runs["suffix"], runs["HF prompt lookup"]),
+        "suffix ÷ ours target-only": speedup(runs["suffix"], runs["ours target-only"]),
+        **described("suffix", runs["suffix"]), **described("HF prompt lookup", runs["HF prompt lookup"]),
+        "ours target-only ms/token": _median([r.ms_per_token for r in runs["ours target-only"]]),
+        "HF prompt lookup's text = ours": f"{len(prompts) - len(lookup_differing)}/{len(prompts)}",
+    })  # fmt: skip
+    record_per_prompt(prompts, timings)
+    differing = texts_differing(timings, "suffix", "ours target-only", prompts)
+    assert not differing, f"the suffix pair's text differs from our target-only text on {differing}"
+
+
+def test_the_hybrid_against_our_target_only_on_open_ended_prompts(subject):
+    """Issue 50: the hybrid (suffix + recurrent head, K = 16) ≥ 1.5× our target-only decoding on the open-ended prompts;
+    ms per token, tokens per pass and ms per round of each. The hybrid's text is our target-only text."""
+    prompts = [prompt for prompt in SPEED_PROMPTS if not prompt.grounded]
+    methods = {"ours target-only": ours_method(subject, None, subject.eos),
+               "hybrid": ours_method(subject, "hybrid", subject.eos)}  # fmt: skip
+    timings = interleaved(methods, [speed_prompt_ids(subject, prompt) for prompt in prompts])
+    runs = timings.runs
+    record("speed, open-ended prompts, hybrid vs our target-only (issue 50)", **{
+        "hybrid ÷ ours target-only (target ≥ 1.5)": speedup(runs["hybrid"], runs["ours target-only"]),
+        **described("hybrid", runs["hybrid"]), **described("ours target-only", runs["ours target-only"]),
+    })  # fmt: skip
+    record_per_prompt(prompts, timings)
+    differing = texts_differing(timings, "hybrid", "ours target-only", prompts)
+    assert not differing, f"the hybrid's text differs from our target-only text on {differing}"
+
+
+def decode_all(subject: Subject, kind: str | None, prompts: list[list[int]], batch_size: int, max_new_tokens: int
+               ) -> tuple[list[list[int]], float]:  # fmt: skip
+    """Every prompt decoded by batch_generate, `batch_size` rows at a time: each row's new ids, and the seconds."""
+    drafter = NoDrafter() if kind is None else drafter_for(kind, subject)
+    spec = SpeculativeConfig(num_draft_tokens=NUM_DRAFT_TOKENS, max_new_tokens=max_new_tokens)
+    rounds: dict[int, list] = {index: [] for index in range(len(prompts))}
+    synchronize(DEVICE)
+    started = time.perf_counter()
+    for index, round_ in batch_generate(subject.model, drafter, prompts, [GREEDY] * len(prompts), spec, subject.eos,
+                                        batch_size):  # fmt: skip
+        rounds[index].append(round_)
+    synchronize(DEVICE)
+    return [emitted_ids(rounds[index]) for index in range(len(prompts))], time.perf_counter() - started
+
+
+def test_eight_rows_together_against_one_row_at_a_time(subject):
+    """Issue 50: B = 8 ≥ 5× the tokens a second of B = 1. Eight prompts decoded by batch_generate 8 rows at a time and
+    one at a time, target-only and suffix (K = 16), interleaved after a short warm-up, medians of 2 on a GPU. Every
+    row's text is its target-only text alone, whichever way it was decoded."""
+    prompts = [speed_prompt_ids(subject, prompt) for prompt in SPEED_PROMPTS[:4] + SPEED_PROMPTS[6:10]]
+    ways = [(kind, batch_size) for kind in (None, "suffix") for batch_size in (8, 1)]
+    for kind, batch_size in ways:
+        decode_all(subject, kind, prompts, batch_size, max_new_tokens=4)  # warm-up
+    seconds: dict[tuple, list[float]] = {way: [] for way in ways}
+    texts: dict[tuple, list[list[int]]] = {}
+    for repeat in range(2 if ON_CUDA else 1):
+        for kind, batch_size in ways[:: 1 if repeat % 2 else -1]:
+            texts[kind, batch_size], elapsed = decode_all(subject, kind, prompts, batch_size, SPEED_TOKENS)
+            seconds[kind, batch_size].append(elapsed)
+    speed = {way: sum(map(len, texts[way])) / statistics.median(seconds[way]) for way in ways}
+    figures = {}
+    for kind in (None, "suffix"):
+        name, together, alone = kind or "target-only", speed[kind, 8], speed[kind, 1]
+        figures[f"{name} B = 8 tokens/s"], figures[f"{name} B = 1 tokens/s"] = round(together, 1), round(alone, 1)
+        figures[f"{name} B = 8 ÷ B = 1 (target ≥ 5)"] = round(together / alone, 2)
+    record("speed, 8 rows together vs 1 row (issue 50)", **figures)
+    expected = texts[None, 1]
+    differing = [(way, i) for way in ways for i, got in enumerate(texts[way]) if got != expected[i]]
+    assert not differing, f"(kind, batch size), prompt index whose text differs from target-only alone: {differing}"
+
+
+def test_a_second_run_captures_no_new_graph(subject, monkeypatch):
+    """Issue 50: graphs are kept for the process, so a second run of the same shape captures nothing. Two identical
+    suffix runs (K = 16) on fresh decoders, as two requests make them: the CUDA graphs each captured, counted at
+    torch's CUDAGraph.capture_end whoever captures, and the capture seconds the verifier reports. The second run
+    captures nothing, and the two runs' texts are the same."""
+    captures: list[int] = []
+    capture_end = torch.cuda.graphs.CUDAGraph.capture_end
+
+    def counted(graph: torch.cuda.CUDAGraph) -> None:
+        captures.append(1)
+        capture_end(graph)
+
+    monkeypatch.setattr(torch.cuda.graphs.CUDAGraph, "capture_end", counted)
+    prompt = speed_prompt_ids(subject, SPEED_PROMPTS[2])
+    spec = SpeculativeConfig(num_draft_tokens=NUM_DRAFT_TOKENS, max_new_tokens=SPEED_TOKENS)
+    texts, figures = [], {}
+    for run in (1, 2):
+        before = len(captures)
+        decoder = BatchDecoder(subject.model, drafter_for("suffix", subject), subject.eos)
+        decoder.add(0, prompt, GREEDY, spec)
+        rounds = []
+        while decoder.rows:
+            for _, outcome in decoder.step():
+                assert not isinstance(outcome, Exception), outcome
+                rounds.append(outcome)
+        texts.append(emitted_ids(rounds))
+        figures[f"run {run}: graphs captured"] = len(captures) - before
+        figures[f"run {run}: capture s"] = round(decoder.verifier.capture_seconds, 3)
+    pools = decoder.verifier.pools  # the model's programs, kept for the process
+    figures["the process's captures so far"] = f"{len(pools.captures)} in {pools.capture_seconds:.2f} s"
+    record("speed, graph captures (issue 50)", **figures)
+    assert texts[0] == texts[1]
+    assert figures["run 2: graphs captured"] == 0
 
 
 SPEED_METHODS = (TARGET_ONLY, "suffix (ours)", "hybrid (ours)", HF_GENERATE, "HF prompt lookup")
@@ -437,6 +750,37 @@ def test_the_speed_table_on_the_bench_prompts(subject):
     assert not differing, f"speculative text differs from our target-only text on {differing}"
 
 
+def test_milliseconds_per_token_of_our_target_only_and_hf_generate(subject):
+    """Issue 50's first row: B = 1, greedy, the first prompt, SPEED_TOKENS tokens (no EOS, so every method decodes them
+    all): our target-only decoding against HF `generate` with its default cache and with its compiled static cache (the
+    strongest HF baseline), each warmed up (the compiled one compiles there), then interleaved, medians of 5, each run
+    timed between synchronizations. Ours ≤ 4 ms a token is the issue's target: recorded, not asserted. A compiled path
+    that fails is recorded in one line and left out. Last of the timed tests: torch.compile's graphs stay in the
+    process after it."""
+    methods = {
+        "ours": ours_method(subject, None, frozenset()),
+        "HF generate": hf_method(subject, frozenset(), count_passes=False),
+        "HF static compiled": hf_method(subject, frozenset(), count_passes=False, **hf_compiled_static()),
+    }
+    timings = interleaved(methods, [subject.prompts[0]], repeats=5 if ON_CUDA else 2, optional=("HF static compiled",))
+    ms = {name: round(runs[0].ms_per_token, 2) for name, runs in timings.runs.items()}
+    compiled = timings.failed.get("HF static compiled") or (
+        "yes" if hasattr(subject.model, "_compiled_call") else "no: generate did not compile"  # HF's attribute
+    )
+    record("speed", ours_target_only_ms_per_token=ms["ours"], hf_generate_ms_per_token=ms["HF generate"],
+           hf_static_compiled_ms_per_token=ms.get("HF static compiled", "failed"))  # fmt: skip
+    record("speed, target-only B = 1 (issue 50)", **{
+        "ours ms/token (target ≤ 4)": ms["ours"], "HF generate ms/token": ms["HF generate"],
+        "HF static compiled ms/token": ms.get("HF static compiled", "-"), "HF static compiled": compiled,
+        "its first run (compiling) s": timings.warm_up_seconds.get("HF static compiled", "-"),
+        "HF generate ÷ ours (time)": round(ms["HF generate"] / ms["ours"], 2),
+        "HF static compiled ÷ ours (time)": round(ms["HF static compiled"] / ms["ours"], 2)
+        if "HF static compiled" in ms else "-",
+    })  # fmt: skip
+    lengths = {name: len(runs[0].token_ids) for name, runs in timings.runs.items()}
+    assert set(lengths.values()) == {SPEED_TOKENS}, lengths
+
+
 # --- the table --------------------------------------------------------------------------------------------------------
 
 
@@ -446,7 +790,7 @@ def test_zz_the_table(capsys):
     lines = [
         f"GPU check: {setup.get('target', '?')} on {setup.get('device', '?')}, torch {torch.__version__}",
         f"{'kind':10s} {'greedy = target':>16s} {'batched = alone':>16s} {'sampled ok':>11s} {'TV W=1':>7s} "
-        f"{'TV W=3':>7s} {'ours ms/tok':>11s} {'HF ms/tok':>10s}",
+        f"{'TV W=3':>7s} {'ours ms/tok':>11s} {'HF ms/tok':>10s} {'HF static ms/tok':>16s}",
     ]
     for kind in KINDS:
         row = RESULTS.get(kind, {})
@@ -454,7 +798,8 @@ def test_zz_the_table(capsys):
             f"{kind:10s} {row.get('greedy_identical', '-'):>16s} {row.get('batched_identical', '-'):>16s} "
             f"{row.get('sampled_without_error', '-'):>11s} {rule.get('tv_one_candidate', '-')!s:>7s} "
             f"{rule.get('tv_three_candidates', '-')!s:>7s} {speed.get('ours_target_only_ms_per_token', '-')!s:>11s} "
-            f"{speed.get('hf_generate_ms_per_token', '-')!s:>10s}"
+            f"{speed.get('hf_generate_ms_per_token', '-')!s:>10s} "
+            f"{speed.get('hf_static_compiled_ms_per_token', '-')!s:>16s}"
         )
     lines += [f"{name}: {value}" for name, value in setup.items() if name not in ("target", "device", "torch")]
     for name, figures in RESULTS.items():
