@@ -60,6 +60,7 @@ def decide_chains(
     draft_one_hot = torch.nn.functional.one_hot(draft_ids, vocab_size).to(target_probs.dtype)  # [R, K, V]
     if draft_probs is not None:
         draft_one_hot = torch.where(sampled_drafts[:, None, None], draft_probs.to(target_probs.dtype), draft_one_hot)
+    draft_one_hot = draft_one_hot * drafted[..., None]  # q = 0 where nothing was drafted: the views' bonus position
     uniforms = round_uniforms(seeds, counters, num_draft)  # [R, n] float64
     verdict = verify_chains(
         draft_ids[:, None], lengths[:, None], draft_one_hot[:, None], target_probs[:, None], uniforms

@@ -222,3 +222,51 @@ def test_a_failed_graph_capture_decodes_eagerly_with_one_line_in_the_log(monkeyp
     assert [record.getMessage()[:51] for record in caplog.records] == [
         "specdemo: decoding without CUDA graphs: the capture"
     ]
+
+
+@pytest.mark.parametrize("drafter_kind", ["ngram", "model"])
+def test_a_round_decided_on_the_device_reports_what_the_eager_rule_reports(
+    tiny_target, tiny_draft, tiny_trained_head, drafter_kind, monkeypatch
+):
+    """Greedy and sampled rows (top-k, top-p, a penalty), one candidate each: every number a Round carries from a
+    round decided whole in one program (core/chain_round.py, read back from its packed tensor) is what the eager rule
+    on tree passes reports: the trace's columns, the next token's kind and probability, and the inspector's views
+    (their tokens, p, q and residual, and the rest). Planted: views read one position late (read_views), and the
+    residual left unnormalised (_view_entries); both fail."""
+
+    def decode(shape: str) -> list:
+        monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, shape)
+        decoder = BatchDecoder(tiny_target, tiny_drafter(drafter_kind, tiny_draft, tiny_trained_head), EOS)
+        for row, (sampling, limit) in enumerate(SETTINGS):
+            decoder.add(row, PROMPTS[row], sampling, SpeculativeConfig(num_draft_tokens=3, max_new_tokens=limit))
+        found = []
+        while decoder.rows:
+            found += sorted(decoder.step(), key=lambda outcome: outcome[0])
+        return found
+
+    fixed, tree = decode("fixed"), decode("tree")
+    assert [key for key, _ in fixed] == [key for key, _ in tree]
+    views = 0
+    for (_, ours), (_, theirs) in zip(fixed, tree, strict=True):
+        assert ours.draft_token_ids == theirs.draft_token_ids and ours.next_kind == theirs.next_kind
+        for name in ("target_probs", "draft_probs", "acceptance_probs", "uniforms"):
+            assert getattr(ours, name) == pytest.approx(getattr(theirs, name), abs=1e-6), name
+        assert ours.next_token_prob == pytest.approx(theirs.next_token_prob, abs=1e-6)
+        assert len(ours.views) == len(theirs.views)
+        for mine, other in zip(ours.views, theirs.views, strict=True):
+            mine_by_id = dict(zip(mine.token_ids, zip(mine.target, mine.draft, mine.residual or [0] * 99)))
+            other_by_id = dict(zip(other.token_ids, zip(other.target, other.draft, other.residual or [0] * 99)))
+            assert set(mine_by_id) == set(other_by_id) or _ties(mine, other), (mine, other)
+            for token in set(mine_by_id) & set(other_by_id):
+                assert mine_by_id[token] == pytest.approx(other_by_id[token], abs=1e-6)
+            for name in ("target_rest", "draft_rest", "residual_rest"):
+                assert getattr(mine, name) == pytest.approx(getattr(other, name), abs=1e-5), name
+            views += 1
+    assert views > 20
+
+
+def _ties(mine, other) -> bool:  # noqa: ANN001
+    """Two views that keep different tokens only where the top entries tie (topk breaks ties its own way)."""
+    least = min(max(t, d) for t, d in zip(mine.target, mine.draft, strict=True))
+    return all(max(t, d) == pytest.approx(least, abs=1e-6) for t, d in zip(other.target, other.draft, strict=True)
+               if t not in mine.token_ids)  # fmt: skip
