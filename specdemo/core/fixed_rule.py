@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 from specdemo.config import MAX_NUM_CANDIDATES, MAX_NUM_DRAFT_TOKENS, SamplingConfig
@@ -59,6 +60,17 @@ def round_uniforms(
     tests = counter_uniforms(seeds, counters, num_tests)  # [R, num_tests]
     final = counter_uniforms(seeds, counters + (DRAWS_PER_ROUND - 1), 1)  # [R, 1]
     return torch.cat([tests, final], dim=1)
+
+
+def row_round_uniforms(seed: int, counter: int, num_tests: int) -> np.ndarray:  # [num_tests + 1] float64
+    """round_uniforms for one row, computed on the host in numpy's wrapping uint64 arithmetic: the same bits, for the
+    eager rule, where a score of tiny torch calls would cost a CPU round more than the draws are worth."""
+    indices = np.append(np.arange(num_tests, dtype=np.uint64), np.uint64(DRAWS_PER_ROUND - 1))  # [num_tests + 1]
+    state = np.uint64(seed) + (np.uint64(counter) + indices + np.uint64(1)) * np.uint64(GAMMA % 2**64)
+    z = (state ^ (state >> np.uint64(30))) * np.uint64(MIX_1 % 2**64)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX_2 % 2**64)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 # --- per-row settings ------------------------------------------------------------------------------------------------

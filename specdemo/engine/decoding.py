@@ -14,7 +14,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.chain_round import read_chain, read_views
-from specdemo.core.fixed_rule import DRAWS_PER_ROUND, round_uniforms, seed_from
+from specdemo.core.fixed_rule import DRAWS_PER_ROUND, row_round_uniforms, seed_from
 from specdemo.core.inspection import PositionView, path_views
 from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, Round
@@ -141,8 +141,8 @@ def _row_tensors(
     else:
         draft_probs = draft.probs.to(device)
         draft_probs = draft_probs[..., vocab] if compact else draft_probs
-    seed, draws = torch.tensor([row.seed], device=device), torch.tensor([row.draws], device=device)
-    uniforms = round_uniforms(seed, draws, (depth_plus_one - 1) * len(draft.token_ids))[0]  # [K*W + 1]
+    draws = row_round_uniforms(row.seed, row.draws, (depth_plus_one - 1) * len(draft.token_ids))  # [K*W + 1]
+    uniforms = torch.from_numpy(draws).to(device)
     return candidates, lengths, draft_probs, target_probs, uniforms, vocab
 
 

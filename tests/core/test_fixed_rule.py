@@ -12,10 +12,13 @@ import torch
 
 from specdemo.config import SamplingConfig
 from specdemo.core.fixed_rule import (
+    DRAWS_PER_ROUND,
     RowSettings,
     counter_uniforms,
     greedy_ids,
     processed_probs,
+    round_uniforms,
+    row_round_uniforms,
     seed_from,
     seen_along,
 )
@@ -288,3 +291,15 @@ def test_on_cuda_each_row_s_probs_are_logits_to_probs_bit_for_bit():
             context = torch.cat([sequences[r], ids[r, 1:length]])[None]
             expected = logits_to_probs(logits[r : r + 1, :length], context, sampling, build_warpers(sampling))
             assert torch.equal(probs[r, :length], expected[0]), (seed, r, sampling)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 987_654_321, 2**53 - 1])
+def test_a_rows_round_draws_on_the_host_are_the_devices_bit_for_bit(seed: int) -> None:
+    """row_round_uniforms (numpy, for the eager rule) gives round_uniforms' bits (torch, for a captured round), for
+    rounds far into a stream too, so a row's text does not depend on which path decided its rounds. Planted: the
+    host's stream one step behind (state without the + 1); it fails."""
+    for counter in (0, DRAWS_PER_ROUND, 7 * DRAWS_PER_ROUND, 2**40):
+        for num_tests in (0, 3, 16, 48):
+            host = row_round_uniforms(seed, counter, num_tests)
+            device = round_uniforms(torch.tensor([seed]), torch.tensor([counter]), num_tests)[0]
+            assert torch.equal(torch.from_numpy(host), device), (counter, num_tests)

@@ -254,8 +254,7 @@ def test_a_round_decided_on_the_device_reports_what_the_eager_rule_reports(
         assert ours.next_token_prob == pytest.approx(theirs.next_token_prob, abs=1e-6)
         assert len(ours.views) == len(theirs.views)
         for mine, other in zip(ours.views, theirs.views, strict=True):
-            mine_by_id = dict(zip(mine.token_ids, zip(mine.target, mine.draft, mine.residual or [0] * 99)))
-            other_by_id = dict(zip(other.token_ids, zip(other.target, other.draft, other.residual or [0] * 99)))
+            mine_by_id, other_by_id = _entries(mine), _entries(other)
             assert set(mine_by_id) == set(other_by_id) or _ties(mine, other), (mine, other)
             for token in set(mine_by_id) & set(other_by_id):
                 assert mine_by_id[token] == pytest.approx(other_by_id[token], abs=1e-6)
@@ -263,6 +262,12 @@ def test_a_round_decided_on_the_device_reports_what_the_eager_rule_reports(
                 assert getattr(mine, name) == pytest.approx(getattr(other, name), abs=1e-5), name
             views += 1
     assert views > 20
+
+
+def _entries(view) -> dict[int, tuple[float, float, float]]:  # noqa: ANN001
+    """A view's (p, q, residual) by token."""
+    residual = view.residual or [0.0] * len(view.token_ids)
+    return dict(zip(view.token_ids, zip(view.target, view.draft, residual, strict=True), strict=True))
 
 
 def _ties(mine, other) -> bool:  # noqa: ANN001
