@@ -264,7 +264,7 @@ def test_a_round_decided_on_the_device_reports_what_the_eager_rule_reports(
     assert views > 20
 
 
-def _entries(view) -> dict[int, tuple[float, float, float]]:  # noqa: ANN001
+def _entries(view) -> dict[int, tuple[float, float, float]]:
     """A view's (p, q, residual) by token."""
     residual = view.residual or [0.0] * len(view.token_ids)
     return dict(zip(view.token_ids, zip(view.target, view.draft, residual, strict=True), strict=True))
