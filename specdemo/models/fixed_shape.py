@@ -41,7 +41,6 @@ from specdemo.config import SamplingConfig
 from specdemo.core.chain_round import packed_columns
 from specdemo.models import graphs
 from specdemo.models.fixed_pass import (
-    INPUT_COLUMNS,
     PASS_COLUMNS,
     ChainRequest,
     Clock,
@@ -231,7 +230,7 @@ class FixedShapeModel(CachedModel):
     ) -> tuple[torch.Tensor, ...]:
         """The group's program for `mode` (made, and captured where graphs are on, at its first use) run on `inputs`,
         copied in with one copy; the outputs stay on the device."""
-        program = self._program(group, mode, inputs.shape, extra)
+        program = group.programs.get((mode, self.graphs)) or self._program(group, mode, [inputs, *extra])
         program.inputs[0].copy_(inputs, non_blocking=True)
         started = time.perf_counter()
         outputs = program.replay()
@@ -239,21 +238,19 @@ class FixedShapeModel(CachedModel):
         self.forward_seconds += time.perf_counter() - started
         return outputs
 
-    def _program(self, group: Group, mode: Hashable, shape: torch.Size, extra: tuple[torch.Tensor, ...]) -> Program:
+    def _program(self, group: Group, mode: Hashable, first: list[torch.Tensor]) -> Program:
+        """The group's program for `mode`, made at its first use, whose inputs are that use's (`first`): a capture
+        runs it a few times before recording it, and those runs must make the writes the first use makes anyway (its
+        keys and values at its own slots). The penalty's seen rows, which a round updates, are put back after."""
         captured = self.graphs
-        program = group.programs.get((mode, captured))
-        if program is not None:
-            return program
         if mode[0] == "pass":
             run = functools.partial(self.runner.group_pass, group)
-        else:  # ("round", hidden layers, sampled, penalty, given)
+        else:  # ("round", hidden layers, sampled, penalty, given); a penalty's seen rows made by _round
             run = functools.partial(self.runner.group_round, group, mode[2], mode[3])
-            if mode[3] and group.seen is None:
-                group.seen = torch.zeros(PASS_ROWS, self.vocab_size, dtype=torch.bool, device=self.device)
-        inputs = [torch.zeros(shape, dtype=torch.float64, device=self.device), *(t.clone() for t in extra)]
+        inputs = [tensor.to(self.device, copy=True) for tensor in first]
         program = Program(run, inputs)
         if captured:
-            started = time.perf_counter()
+            started, seen = time.perf_counter(), None if group.seen is None else group.seen.clone()
             try:
                 program = graphs.capture(run, inputs, self.pools.memory)
             except torch.OutOfMemoryError:
@@ -261,7 +258,10 @@ class FixedShapeModel(CachedModel):
             except (RuntimeError, AssertionError) as error:  # no CUDA, or a kernel that cannot be captured
                 log.warning("specdemo: decoding without CUDA graphs: the capture failed (%s)", error)
                 self.pools.graphs_failed = True
-                return self._program(group, mode, shape, extra)
+                return self._program(group, mode, first)
+            finally:
+                if seen is not None and group.seen is not None:
+                    group.seen.copy_(seen)
             graphs.synchronize(self.device)
             self.pools.captures.append((mode, time.perf_counter() - started))
             log.info("specdemo: captured %s for %d slots in %.2f s", mode, group.slots, self.pools.captures[-1][1])
@@ -357,23 +357,35 @@ class FixedShapeModel(CachedModel):
     ) -> tuple[Staging, torch.Tensor | None]:
         """One group's round queued on the device: inputs in, the program, the packed outputs out (asynchronously
         on CUDA); returns where they land and the hidden states, on the device."""
-        given = (torch.zeros(PASS_ROWS, PASS_COLUMNS - 1, self.vocab_size, device=self.device),) if mode[4] else ()
-        program = self._program(group, mode, torch.Size((PASS_ROWS, INPUT_COLUMNS)), given)
         staging = group.staging.get(mode)
         if staging is None:
             staging = group.staging[mode] = staging_for(group, packed_columns(PASS_COLUMNS), self.device)
         staging.write[:] = staging.blank
+        if mode[3] and group.seen is None:
+            group.seen = torch.zeros(PASS_ROWS, self.vocab_size, dtype=torch.bool, device=self.device)
         for _, chain, request in rows:
             write_row(staging.write[chain.local], chain.group.slots, request)
-            if mode[3] and not chain.seen_valid:  # a row's first round with a penalty: its sequence's tokens
+            if mode[3] and group.seen is not None and not chain.seen_valid:  # its first round with a penalty
                 group.seen[chain.local] = False
                 group.seen[chain.local, request.trunk_ids] = True
-            if request.draft_probs is not None:
-                program.inputs[1][chain.local, : len(request.draft_ids)] = request.draft_probs[: len(request.draft_ids)]
+        program = group.programs.get((mode, self.graphs))
+        if program is None:
+            given = torch.zeros(PASS_ROWS, PASS_COLUMNS - 1, self.vocab_size, device=self.device)  # [R, K, V]
+            program = self._program(group, mode, [staging.inputs, *([_drafted(given, rows)] if mode[4] else [])])
+        if mode[4]:
+            _drafted(program.inputs[1], rows)
         program.inputs[0].copy_(staging.inputs, non_blocking=True)
         outputs = program.replay()
         staging.outputs.copy_(outputs[0], non_blocking=True)
         return staging, outputs[1] if len(outputs) > 1 else None
+
+
+def _drafted(draft_probs: torch.Tensor, rows: list[tuple[Hashable, _Chain, ChainRequest]]) -> torch.Tensor:
+    """The rows' sampled drafts' q written into a round's [R, K, V] input, on the device."""
+    for _, chain, request in rows:
+        if request.draft_probs is not None:
+            draft_probs[chain.local, : len(request.draft_ids)] = request.draft_probs[: len(request.draft_ids)]
+    return draft_probs
 
 
 def _arranged(found: dict, key: Hashable, request: RowRequest) -> torch.Tensor:  # [W, K+1, V] (or [W, K+1, H])

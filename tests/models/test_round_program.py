@@ -22,7 +22,7 @@ from specdemo.models import fixed_shape, graphs
 from specdemo.models.graphs import Program
 from specdemo.models.pools import pools_for
 from tests.engine.test_batch import PROMPTS
-from tests.helpers import FREE, HostWaits, tiny_model
+from tests.helpers import FREE, HostWaits, tiny_drafter, tiny_model
 
 EOS: frozenset[int] = frozenset()
 SAMPLED = SamplingConfig(temperature=0.8, top_p=0.9, repetition_penalty=1.2, seed=7)
@@ -249,3 +249,45 @@ def test_running_out_of_memory_while_capturing_costs_the_rows_a_sentence(monkeyp
     with graphs.standing_in(StandIn):
         assert len(target_text(target, 4)) == 4
     assert StandIn.captures == 1
+
+
+class WarmingStandIn(StandIn):
+    """A capture as CUDA makes it: the program runs WARMUP_RUNS times on the inputs it is made with before it is
+    recorded; each replay then runs it once."""
+
+    def __init__(self, run, inputs, memory) -> None:
+        super().__init__(run, inputs, memory)
+        for _ in range(graphs.WARMUP_RUNS):
+            Program.replay(self)
+
+
+@pytest.mark.parametrize("num_candidates", [1, 3])
+def test_a_captures_warm_up_runs_change_nothing_the_rounds_read(monkeypatch: pytest.MonkeyPatch, num_candidates: int):
+    """Rows greedy and sampled (one with a repetition penalty), target-alone, prompt lookup and a sampling draft
+    model, one candidate (rounds in one program) and three (passes in one program): with captures that run their
+    program three times first, as CUDA's do, every row's text is the text of programs that run eagerly, because a
+    program is made with its first use's inputs and the penalty's seen rows are put back. Planted: a program made
+    with zeros for inputs (its warm-up runs write keys at slot 0 of every row); seen rows not put back."""
+    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    target, draft = tiny_model(1), tiny_model(2, num_layers=1)
+    settings = [SamplingConfig(), SAMPLED, SamplingConfig(temperature=1.0, seed=3)]
+    prompts = [[5, 9, 5, 9, 12, 7], [3, 11], [10, 19, 5, 21, 5, 13]]  # token 0 at slot 0 would hide a stray write
+    def texts(graphs_on: str) -> dict:
+        monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs_on)
+        found = {}
+        for kind in ("none", "ngram", "model"):
+            decoder = BatchDecoder(target, tiny_drafter(kind, draft, None), EOS)
+            for row, sampling in enumerate(settings):
+                spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=16, num_candidates=num_candidates)
+                decoder.add(row, prompts[row], sampling, spec)
+            rounds: dict[int, list] = {row: [] for row in range(len(settings))}
+            while decoder.rows:
+                for row, round_ in decoder.step():
+                    rounds[row].append(round_)
+            found[kind] = {row: emitted_ids(r) for row, r in rounds.items()}
+        return found
+
+    eager = texts("0")
+    with graphs.standing_in(WarmingStandIn):
+        captured = texts("1")
+    assert captured == eager
