@@ -272,6 +272,7 @@ def test_a_captures_warm_up_runs_change_nothing_the_rounds_read(monkeypatch: pyt
     target, draft = tiny_model(1), tiny_model(2, num_layers=1)
     settings = [SamplingConfig(), SAMPLED, SamplingConfig(temperature=1.0, seed=3)]
     prompts = [[5, 9, 5, 9, 12, 7], [3, 11], [10, 19, 5, 21, 5, 13]]  # token 0 at slot 0 would hide a stray write
+
     def texts(graphs_on: str) -> dict:
         monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs_on)
         found = {}
