@@ -23,6 +23,8 @@ from specdemo.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from specdemo.drafters.recurrent import RecurrentDrafter, RecurrentHead, load_head
 from specdemo.engine.costs import _RandomDrafter
 from specdemo.engine.decoding import BatchDecoder, batch_generate
+from specdemo.models import graphs
+from specdemo.models.graphs import Program
 from specdemo.models.loading import LoadedModel
 from specdemo.training.data import DataSettings
 from specdemo.training.fit import FitSettings
@@ -285,3 +287,31 @@ class HostWaits(TorchFunctionMode):
         if name in HOST_WAITS or masked:
             self.calls.append(name)
         return func(*args, **(kwargs or {}))
+
+
+class StandIn(Program):
+    """A captured program as the host sees it: one launch. It runs eagerly, and what it runs is not counted."""
+
+    replaying = False
+    captures = 0
+
+    def __init__(self, run, inputs, memory) -> None:
+        super().__init__(run, inputs)
+        StandIn.captures += 1
+
+    def replay(self) -> tuple[torch.Tensor, ...]:
+        StandIn.replaying = True
+        try:
+            return super().replay()
+        finally:
+            StandIn.replaying = False
+
+
+class WarmingStandIn(StandIn):
+    """A capture as CUDA makes it: the program runs WARMUP_RUNS times on the inputs it is made with before it is
+    recorded; each replay then runs it once."""
+
+    def __init__(self, run, inputs, memory) -> None:
+        super().__init__(run, inputs, memory)
+        for _ in range(graphs.WARMUP_RUNS):
+            Program.replay(self)

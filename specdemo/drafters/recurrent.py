@@ -27,6 +27,8 @@ from transformers import PreTrainedModel
 from specdemo.config import MAX_NUM_DRAFT_TOKENS
 from specdemo.core.sampling import sample_one, uniforms_from
 from specdemo.drafters.base import Draft, DraftRequest
+from specdemo.drafters.head_steps import HeadSteps
+from specdemo.models.fixed_shape import uses_fixed_shape, uses_graphs
 
 HEAD_FORMAT = "specdemo-recurrent-head/2"  # /2: reads `layers`; /1 read the final state alone
 HEADS_DIRECTORY = Path(__file__).parent / "heads"  # the heads the project ships, one per offline target
@@ -193,6 +195,7 @@ class RecurrentDrafter:
         self.prior = [prior[min(k, len(prior) - 1)] for k in range(MAX_NUM_DRAFT_TOKENS)]  # K <= MAX_NUM_DRAFT_TOKENS
         self.counts: dict[Hashable, tuple[list[float], list[float]]] = {}  # per row and position: tested, accepted
         self.last: dict[Hashable, tuple[int, list[list[int]]]] = {}  # per row: its length then, and its candidates
+        self.steps = HeadSteps(head, vocab_size)  # its steps as programs, where the target's rounds are
 
     def forget(self, key: Hashable) -> None:
         self.last.pop(key, None)
@@ -254,19 +257,29 @@ class RecurrentDrafter:
         return replace(draft, chances=chances)
 
     def _draft(self, requests: list[DraftRequest], greedy: bool, width: int, depth: int) -> list[Draft]:
+        """One program for the rows' K steps where the target's rounds replay graphs (head_steps.py), else the head
+        eagerly; the drafted ids read back once."""
         states = torch.stack([r.hidden_state for r in requests]).to(self.head.output_rows.dtype)  # type: ignore[misc]
         tokens = torch.tensor([r.sequence_ids[-1] for r in requests], device=states.device)  # [R]
+        steps = self.steps if uses_fixed_shape(states.device) and uses_graphs(states.device) else None
         if greedy:
             width = min(width, len(self.head.vocabulary))
-            return [Draft(row.tolist(), None) for row in self.head.beam_search(states, tokens, width, depth)]
+            if steps is not None:
+                ids = steps.greedy(states, tokens, width, depth)
+            else:
+                ids = self.head.beam_search(states, tokens, width, depth)
+            return [Draft(row, None) for row in ids.tolist()]
         uniforms = torch.stack(  # [R, W, K]: each row's own generator, W*K draws a round
             [uniforms_from(r.generator, (width, depth), states.device) for r in requests]
         )
         temperatures = torch.tensor([r.sampling.temperature for r in requests], device=states.device)
-        ids, q = self.head.sample_beams(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, S]
-        full = q.new_zeros(*q.shape[:-1], self.vocab_size)  # [R, W, K, V]: q = 0 off the sub-vocabulary
-        full[..., self.head.vocabulary] = q
-        return [Draft(row.tolist(), probs) for row, probs in zip(ids, full, strict=True)]
+        if steps is not None:
+            ids, full = steps.sampled(states, tokens, uniforms, temperatures)
+        else:
+            ids, q = self.head.sample_beams(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, S]
+            full = q.new_zeros(*q.shape[:-1], self.vocab_size)  # [R, W, K, V]: q = 0 off the sub-vocabulary
+            full[..., self.head.vocabulary] = q
+        return [Draft(row, probs) for row, probs in zip(ids.tolist(), full, strict=True)]
 
 
 def _common_prefix(first: list[int], second: list[int]) -> int:

@@ -15,8 +15,9 @@ from specdemo.drafters.hybrid import HybridDrafter
 from specdemo.drafters.recurrent import RecurrentDrafter, load_head, save_head, target_fingerprint
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, speculative_generate
+from specdemo.models import fixed_shape, graphs
 from tests.core.test_candidates import NUM_SAMPLES, V, emitted_counts, follows_target, verify_rule
-from tests.helpers import FREE, TINY_VOCAB, tiny_model, tiny_recurrent_head
+from tests.helpers import FREE, TINY_VOCAB, StandIn, WarmingStandIn, tiny_drafter, tiny_model, tiny_recurrent_head
 
 EOS = frozenset([1])
 PROMPT = torch.tensor([[0, 5, 9, 5, 9, 12, 7]])
@@ -212,3 +213,37 @@ def test_the_hybrids_head_runs_only_where_and_as_deep_as_its_draft_could_pay(tin
     else:
         kept = sum("head" in [c.source for c in r.candidates] for r in rounds)  # all but the first and last
         assert kept >= len(rounds) - 2 and asked == [[4]] * kept, (asked, kept)
+
+
+@pytest.mark.parametrize("kind", ["recurrent", "hybrid"])
+def test_the_heads_steps_as_programs_draft_what_the_head_drafts_eagerly(
+    tiny_target, tiny_trained_head, kind, monkeypatch
+):
+    """Where the target's rounds replay graphs, the head's K steps are one program per (rows, rule, W, K)
+    (drafters/head_steps.py): with captures that warm up as CUDA's do, greedy and sampled rows at W = 1 and 3 get
+    the rounds they get from the head run eagerly; a second run captures nothing new. Planted: programs keyed without
+    K (a shorter last round replays the longer one's steps); it fails."""
+    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    settings = [SamplingConfig(), SamplingConfig(temperature=0.9, seed=5), SamplingConfig(temperature=1.2, seed=6)]
+
+    def rounds(graphs_on: str, drafter) -> dict:
+        monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs_on)
+        decoder = BatchDecoder(tiny_target, drafter, EOS)
+        for row, sampling in enumerate(settings):
+            spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=15, num_candidates=1 + 2 * (row == 2))
+            decoder.add(row, [1 + row, 5, 9, 5, 9], sampling, spec)
+        found: dict[int, list] = {row: [] for row in range(len(settings))}
+        while decoder.rows:
+            for row, round_ in decoder.step():
+                found[row].append((round_.draft_token_ids, round_.num_accepted, round_.emitted_token_ids))
+        return found
+
+    eager = rounds("0", tiny_drafter(kind, None, tiny_trained_head))
+    drafter = tiny_drafter(kind, None, tiny_trained_head)
+    with graphs.standing_in(WarmingStandIn):
+        StandIn.captures = 0
+        assert rounds("1", drafter) == eager
+        captured = StandIn.captures
+        assert rounds("1", drafter) == eager and StandIn.captures == captured
+    head = drafter if kind == "recurrent" else drafter.head
+    assert head.steps.programs and all(captured for (_, _, captured) in head.steps.programs)

@@ -270,7 +270,7 @@ def _entries(view) -> dict[int, tuple[float, float, float]]:
     return dict(zip(view.token_ids, zip(view.target, view.draft, residual, strict=True), strict=True))
 
 
-def _ties(mine, other) -> bool:  # noqa: ANN001
+def _ties(mine, other) -> bool:
     """Two views that keep different tokens only where the top entries tie (topk breaks ties its own way)."""
     least = min(max(t, d) for t, d in zip(mine.target, mine.draft, strict=True))
     return all(max(t, d) == pytest.approx(least, abs=1e-6) for t, d in zip(other.target, other.draft, strict=True)

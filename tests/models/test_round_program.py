@@ -19,32 +19,13 @@ from specdemo.drafters.base import Draft, DraftRequest, NoDrafter
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder
 from specdemo.models import fixed_shape, graphs
-from specdemo.models.graphs import Program
 from specdemo.models.pools import pools_for
 from tests.engine.test_batch import PROMPTS
-from tests.helpers import FREE, HostWaits, tiny_drafter, tiny_model
+from tests.helpers import FREE, HostWaits, StandIn, WarmingStandIn, tiny_drafter, tiny_model
 
 EOS: frozenset[int] = frozenset()
 SAMPLED = SamplingConfig(temperature=0.8, top_p=0.9, repetition_penalty=1.2, seed=7)
 DEPTH = 16  # K: every column of a pass drafted
-
-
-class StandIn(Program):
-    """A captured program as the host sees it: one launch. It runs eagerly, and what it runs is not counted."""
-
-    replaying = False
-    captures = 0
-
-    def __init__(self, run, inputs, memory) -> None:
-        super().__init__(run, inputs)
-        StandIn.captures += 1
-
-    def replay(self) -> tuple[torch.Tensor, ...]:
-        StandIn.replaying = True
-        try:
-            return super().replay()
-        finally:
-            StandIn.replaying = False
 
 
 class DeviceOps(TorchDispatchMode):
@@ -249,16 +230,6 @@ def test_running_out_of_memory_while_capturing_costs_the_rows_a_sentence(monkeyp
     with graphs.standing_in(StandIn):
         assert len(target_text(target, 4)) == 4
     assert StandIn.captures == 1
-
-
-class WarmingStandIn(StandIn):
-    """A capture as CUDA makes it: the program runs WARMUP_RUNS times on the inputs it is made with before it is
-    recorded; each replay then runs it once."""
-
-    def __init__(self, run, inputs, memory) -> None:
-        super().__init__(run, inputs, memory)
-        for _ in range(graphs.WARMUP_RUNS):
-            Program.replay(self)
 
 
 @pytest.mark.parametrize("num_candidates", [1, 3])

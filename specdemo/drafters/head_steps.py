@@ -1,0 +1,82 @@
+"""A recurrent head's drafting steps for a round as one program: beam search (greedy rows) or W sampled beams with
+their q over the whole vocabulary (sampled rows), for rows padded to a power of two, captured as a CUDA graph where
+the target's rounds are (models/fixed_shape.uses_graphs) and kept for the drafter's life, one per (rows, rule, W, K).
+The drafts' q stay on the device for the rule; the host reads the drafted ids once."""
+
+# R = rows, W = beams, K = steps, S = the head's sub-vocabulary, V = the target's vocabulary, L*H = states read
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Hashable
+
+import torch
+
+from specdemo.models import graphs
+from specdemo.models.graphs import Program
+
+log = logging.getLogger(__name__)
+
+
+class HeadSteps:
+    """The head's programs, made at their first use with that use's inputs (a capture's warm-up runs them)."""
+
+    def __init__(self, head: torch.nn.Module, vocab_size: int) -> None:
+        self.head, self.vocab_size = head, vocab_size
+        self.programs: dict[Hashable, Program] = {}
+        self.memory: object = None
+        self.captured = True  # False once a capture failed: programs run eagerly
+
+    def greedy(
+        self, states: torch.Tensor, tokens: torch.Tensor, width: int, depth: int
+    ) -> torch.Tensor:  # states [R, L*H], tokens [R] -> [R, W, K] target ids
+        (ids,) = self._run(("greedy", width, depth), [states, tokens])
+        return ids
+
+    def sampled(
+        self,
+        states: torch.Tensor,  # [R, L*H]
+        tokens: torch.Tensor,  # [R] int64
+        uniforms: torch.Tensor,  # [R, W, K] float64
+        temperatures: torch.Tensor,  # [R]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [R, W, K] target ids, [R, W, K, V] q (0 off the sub-vocabulary)
+        ids, probs = self._run(("sampled", *uniforms.shape[1:]), [states, tokens, uniforms, temperatures])
+        return ids, probs
+
+    def _run(self, key: tuple, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        rows = inputs[0].shape[0]
+        bucket = 1 << (rows - 1).bit_length()  # R padded to a power of two: one program serves 5 to 8 rows
+        padded = [torch.nn.functional.pad(t, (0, 0) * (t.ndim - 1) + (0, bucket - rows)) for t in inputs]
+        program = self.programs.get((key, bucket, self.captured)) or self._program(key, bucket, padded)
+        for target, source in zip(program.inputs, padded, strict=True):
+            target.copy_(source)
+        return tuple(output[:rows].clone() for output in program.replay())  # the next replay overwrites them
+
+    def _program(self, key: tuple, bucket: int, first: list[torch.Tensor]) -> Program:
+        run = functools.partial(self._greedy, *key[1:]) if key[0] == "greedy" else self._sampled
+        inputs = [tensor.clone() for tensor in first]
+        program = Program(run, inputs)
+        if self.captured:
+            try:
+                self.memory = self.memory or graphs.memory_pool(inputs[0].device)
+                program = graphs.capture(run, inputs, self.memory)
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, AssertionError) as error:  # no CUDA, or a kernel that cannot be captured
+                log.warning("specdemo: the recurrent head drafts without CUDA graphs: the capture failed (%s)", error)
+                self.captured = False
+                return self._program(key, bucket, first)
+        self.programs[key, bucket, self.captured] = program
+        return program
+
+    def _greedy(self, width: int, depth: int, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.head.beam_search(states, tokens, width, depth),)
+
+    def _sampled(
+        self, states: torch.Tensor, tokens: torch.Tensor, uniforms: torch.Tensor, temperatures: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, probs = self.head.sample_beams(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, S]
+        full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)  # [R, W, K, V]
+        full[..., self.head.vocabulary] = probs
+        return ids, full
