@@ -1,7 +1,7 @@
-"""A recurrent head's drafting steps for a round as one program: beam search (greedy rows) or W sampled beams with
-their q over the whole vocabulary (sampled rows), for rows padded to a power of two, captured as a CUDA graph where
-the target's rounds are (models/fixed_shape.uses_graphs) and kept for the drafter's life, one per (rows, rule, W, K).
-The drafts' q stay on the device for the rule; the host reads the drafted ids once."""
+"""A recurrent head's drafting steps for a round: beam search (greedy rows) or W sampled beams with their q over the
+whole vocabulary (sampled rows). Where the target's rounds replay graphs (models/fixed_shape.uses_graphs) they are
+one program for the rows padded to a power of two, captured as a CUDA graph and kept for the drafter's life, one per
+(rows, rule, W, K); the drafts' q stay on the device for the rule, and the host reads the drafted ids once."""
 
 # R = rows, W = beams, K = steps, S = the head's sub-vocabulary, V = the target's vocabulary, L*H = states read
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 
 from specdemo.models import graphs
+from specdemo.models.fixed_shape import uses_fixed_shape, uses_graphs
 from specdemo.models.graphs import Program
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,10 @@ class HeadSteps:
         return ids, probs
 
     def _run(self, key: tuple, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The steps as a program where the target's rounds replay graphs; elsewhere (the CPU) run as they are."""
+        device = inputs[0].device
+        if not (uses_fixed_shape(device) and uses_graphs(device)):
+            return self._steps(key)(*inputs)
         rows = inputs[0].shape[0]
         bucket = 1 << (rows - 1).bit_length()  # R padded to a power of two: one program serves 5 to 8 rows
         padded = [torch.nn.functional.pad(t, (0, 0) * (t.ndim - 1) + (0, bucket - rows)) for t in inputs]
@@ -53,8 +58,11 @@ class HeadSteps:
             target.copy_(source)
         return tuple(output[:rows].clone() for output in program.replay())  # the next replay overwrites them
 
+    def _steps(self, key: tuple) -> Callable[..., tuple[torch.Tensor, ...]]:
+        return functools.partial(self._greedy, *key[1:]) if key[0] == "greedy" else self._sampled
+
     def _program(self, key: tuple, bucket: int, first: list[torch.Tensor]) -> Program:
-        run = functools.partial(self._greedy, *key[1:]) if key[0] == "greedy" else self._sampled
+        run = self._steps(key)
         inputs = [tensor.clone() for tensor in first]
         program = Program(run, inputs)
         if self.captured:

@@ -28,7 +28,6 @@ from specdemo.config import MAX_NUM_DRAFT_TOKENS
 from specdemo.core.sampling import sample_one, uniforms_from
 from specdemo.drafters.base import Draft, DraftRequest
 from specdemo.drafters.head_steps import HeadSteps
-from specdemo.models.fixed_shape import uses_fixed_shape, uses_graphs
 
 HEAD_FORMAT = "specdemo-recurrent-head/2"  # /2: reads `layers`; /1 read the final state alone
 HEADS_DIRECTORY = Path(__file__).parent / "heads"  # the heads the project ships, one per offline target
@@ -195,7 +194,7 @@ class RecurrentDrafter:
         self.prior = [prior[min(k, len(prior) - 1)] for k in range(MAX_NUM_DRAFT_TOKENS)]  # K <= MAX_NUM_DRAFT_TOKENS
         self.counts: dict[Hashable, tuple[list[float], list[float]]] = {}  # per row and position: tested, accepted
         self.last: dict[Hashable, tuple[int, list[list[int]]]] = {}  # per row: its length then, and its candidates
-        self.steps = HeadSteps(head, vocab_size)  # its steps as programs, where the target's rounds are
+        self.steps = HeadSteps(head, vocab_size)  # its K steps (as programs where the target's rounds are)
 
     def forget(self, key: Hashable) -> None:
         self.last.pop(key, None)
@@ -257,28 +256,18 @@ class RecurrentDrafter:
         return replace(draft, chances=chances)
 
     def _draft(self, requests: list[DraftRequest], greedy: bool, width: int, depth: int) -> list[Draft]:
-        """One program for the rows' K steps where the target's rounds replay graphs (head_steps.py), else the head
-        eagerly; the drafted ids read back once."""
+        """The rows' K steps (head_steps.py: one program where the target's rounds replay graphs), the drafted ids
+        read back once."""
         states = torch.stack([r.hidden_state for r in requests]).to(self.head.output_rows.dtype)  # type: ignore[misc]
         tokens = torch.tensor([r.sequence_ids[-1] for r in requests], device=states.device)  # [R]
-        steps = self.steps if uses_fixed_shape(states.device) and uses_graphs(states.device) else None
         if greedy:
-            width = min(width, len(self.head.vocabulary))
-            if steps is not None:
-                ids = steps.greedy(states, tokens, width, depth)
-            else:
-                ids = self.head.beam_search(states, tokens, width, depth)
+            ids = self.steps.greedy(states, tokens, min(width, len(self.head.vocabulary)), depth)
             return [Draft(row, None) for row in ids.tolist()]
         uniforms = torch.stack(  # [R, W, K]: each row's own generator, W*K draws a round
             [uniforms_from(r.generator, (width, depth), states.device) for r in requests]
         )
         temperatures = torch.tensor([r.sampling.temperature for r in requests], device=states.device)
-        if steps is not None:
-            ids, full = steps.sampled(states, tokens, uniforms, temperatures)
-        else:
-            ids, q = self.head.sample_beams(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, S]
-            full = q.new_zeros(*q.shape[:-1], self.vocab_size)  # [R, W, K, V]: q = 0 off the sub-vocabulary
-            full[..., self.head.vocabulary] = q
+        ids, full = self.steps.sampled(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, V]
         return [Draft(row, probs) for row, probs in zip(ids.tolist(), full, strict=True)]
 
 

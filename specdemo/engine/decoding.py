@@ -17,7 +17,7 @@ from specdemo.core.chain_round import read_chain, read_views
 from specdemo.core.fixed_rule import DRAWS_PER_ROUND, row_round_uniforms, seed_from
 from specdemo.core.inspection import PositionView, path_views
 from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
-from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, Round
+from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, NextKind, Round
 from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs
 from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
 from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, hidden_layers
@@ -451,26 +451,17 @@ class BatchDecoder:
             accepted=[j < accepted for j in range(len(tokens))],
             source=draft.sources[0] if draft.sources else "",
         )
-        round_ = Round(
-            index=row.num_rounds,
-            draft_token_ids=tokens,
-            target_probs=chosen.target_probs,
-            draft_probs=chosen.draft_probs,
-            acceptance_probs=chosen.acceptance_probs,
-            uniforms=chosen.uniforms,
-            num_accepted=accepted,
-            next_token_id=next_id,
-            next_kind=("resampled" if accepted < len(tokens) else "bonus") if has_next else None,
-            next_token_prob=outcome.next_token_prob if has_next else None,
-            num_input_tokens=self.verifier.last_input_lengths[key],
-            other_seconds=0.0,
-            candidates=(chosen,) if tokens else (),
-            path=0,
-            plan=draft.plan,
-            cut=cut,
-            views=read_views(packed, tokens, accepted, next_id) if row.drafting else (),
-            **timings,
-        )
+        next_token = None
+        if has_next:
+            next_token = (
+                outcome.next_token_id,
+                "resampled" if accepted < len(tokens) else "bonus",
+                outcome.next_token_prob,
+            )
+        views = read_views(packed, tokens, accepted, next_id) if row.drafting else ()
+        num_input_tokens = self.verifier.last_input_lengths[key]
+        trace = (chosen,) if tokens else ()
+        round_ = _path_round(row, chosen, trace, 0, accepted, next_token, num_input_tokens, views, draft, cut, timings)
         row.hidden_state = hidden
         self._grow(key, row, emitted, sum(tested), accepted)
         return round_
@@ -524,30 +515,54 @@ class BatchDecoder:
         # the inspector's data, for rows that draft: a target-alone row's is never shown
         views = _views(row_inputs, candidates, path, accepted, next_id) if row.drafting else ()
         tested_at_end = bool(verdict.tested[b, :, accepted].any()) if accepted < verdict.tested.shape[2] else False
-        round_ = Round(
-            index=row.num_rounds,
-            draft_token_ids=chosen.token_ids,
-            target_probs=chosen.target_probs,
-            draft_probs=chosen.draft_probs,
-            acceptance_probs=chosen.acceptance_probs,
-            uniforms=chosen.uniforms,
-            num_accepted=accepted,
-            next_token_id=emitted[-1] if has_next else None,
-            next_kind=("resampled" if tested_at_end else "bonus") if has_next else None,
-            next_token_prob=float(verdict.next_token_probs[b]) if has_next else None,
-            num_input_tokens=self.verifier.last_input_lengths[key],
-            other_seconds=0.0,
-            candidates=candidates,
-            path=path,
-            plan=draft.plan,
-            cut=cut,
-            views=views,
-            **timings,
+        next_token = None
+        if has_next:
+            next_token = (emitted[-1], "resampled" if tested_at_end else "bonus", float(verdict.next_token_probs[b]))
+        num_input_tokens = self.verifier.last_input_lengths[key]
+        round_ = _path_round(
+            row, chosen, candidates, path, accepted, next_token, num_input_tokens, views, draft, cut, timings
         )
         if self.verifier.keep_hidden_states:  # where the next token's logits were read
             row.hidden_state = self.verifier.last_hidden_states[key][path, accepted]
         self._grow(key, row, emitted, sum(chosen.tested), accepted)
         return round_
+
+
+def _path_round(
+    row: _Row,
+    chosen: CandidateTrace,  # the candidate on the accepted path (NOTHING_DRAFTED when none was drafted)
+    candidates: tuple[CandidateTrace, ...],
+    path: int,
+    accepted: int,
+    next_token: tuple[int, NextKind, float] | None,  # id, kind and p; None after an accepted EOS
+    num_input_tokens: int,
+    views: tuple[PositionView, ...],
+    draft: Draft,
+    cut: Cut | None,
+    timings: dict[str, float | int],  # the round's seconds (other_seconds set by the caller) and rows
+) -> Round:
+    """A row's Round from its path's trace."""
+    next_id, next_kind, next_prob = next_token if next_token is not None else (None, None, None)
+    return Round(
+        index=row.num_rounds,
+        draft_token_ids=chosen.token_ids,
+        target_probs=chosen.target_probs,
+        draft_probs=chosen.draft_probs,
+        acceptance_probs=chosen.acceptance_probs,
+        uniforms=chosen.uniforms,
+        num_accepted=accepted,
+        next_token_id=next_id,
+        next_kind=next_kind,
+        next_token_prob=next_prob,
+        num_input_tokens=num_input_tokens,
+        other_seconds=0.0,
+        candidates=candidates,
+        path=path,
+        plan=draft.plan,
+        cut=cut,
+        views=views,
+        **timings,
+    )
 
 
 def batch_generate(
