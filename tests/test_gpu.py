@@ -1,7 +1,7 @@
 """The GPU check: `python3 -m pytest -m gpu tests/test_gpu.py` on a bare CUDA machine (torch and transformers as the
 image ships them, no Gradio, no network, no install), or `make test-gpu`. Every drafter kind's greedy text in
 bfloat16 against the target alone (and batched against alone), sampled runs of every kind at W = 1 and W = 3, the rule's
-distribution on CUDA generators, training, the model audit, speed (issue 50's rows: our target-only decoding against HF
+distribution on CUDA generators, training, the model audit, speed (our target-only decoding against HF
 `generate` with its default and its compiled static cache, the suffix pair against HF prompt lookup, the hybrid against
 our target-only, B = 8 against B = 1, graph captures); one table at the end, also written to test-artifacts/gpu.json
 (or $SPECDEMO_GPU_ARTIFACTS). Without the offline weights the target is random weights of SmolLM2-135M's shape, with a
@@ -369,11 +369,11 @@ def test_app_streams_a_run_from_the_device(subject):
     assert len([u for u in updates if "tok-" in u[0]]) >= 2
 
 
-# --- speed: issue 50's rows ------------------------------------------------------------------------------------------
-# Figures, not assertions: the speed bounds issue 50 names are recorded beside each figure. What the tests assert is
+# --- speed ---------------------------------------------------------------------------------------------------------
+# Figures, not assertions: the speed targets are recorded beside each figure. What the tests assert is
 # behaviour: the texts of our speculative and batched runs are our target-only texts.
 
-SPEED_TOKENS = 64 if ON_CUDA else 8  # new tokens a timed run (issue 50: 64 or more)
+SPEED_TOKENS = 64 if ON_CUDA else 8  # new tokens a timed run (64 or more)
 SPEED_REPEATS = 3 if ON_CUDA else 1  # timed runs of each method on each prompt, interleaved, after one warm-up
 Method = Callable[[list[int]], tuple[list[int], int | None]]  # prompt ids -> new ids, target passes (None: uncounted)
 
@@ -407,7 +407,7 @@ _STEPS = (
     "light turns green. Hold the reset button on the back for ten seconds with a paper clip. Log in at 192.168.1.1 "
     "with the password printed on the sticker underneath."
 )
-SPEED_PROMPTS: tuple[BenchPrompt, ...] = (  # written 2026-11-27 for issue 50's rows; none is from bench/prompts.py
+SPEED_PROMPTS: tuple[BenchPrompt, ...] = (  # written 2026-11-27 for these rows; none is from bench/prompts.py
     BenchPrompt("quote-notice", True, f"Quote, word for word, the sentences of this notice about times:\n\n{_NOTICE}"),
     BenchPrompt(
         "fix-typos", True, f"Correct the spelling in this paragraph and return the whole paragraph:\n\n{_TYPOS}"
@@ -574,7 +574,7 @@ def record_per_prompt(prompts: list[BenchPrompt], timings: Timings) -> None:
                        tokens_per_pass=runs[index].tokens_per_pass, ms_per_pass=runs[index].ms_per_pass)
             for name, runs in timings.runs.items()
         }  # fmt: skip
-        record("per prompt (issue 50)", **{prompt.name: figures})
+        record("per prompt", **{prompt.name: figures})
 
 
 def texts_differing(timings: Timings, name: str, reference: str, prompts: list[BenchPrompt]) -> list[str]:
@@ -583,7 +583,7 @@ def texts_differing(timings: Timings, name: str, reference: str, prompts: list[B
 
 
 def test_the_suffix_pair_against_hf_prompt_lookup_on_grounded_prompts(subject):
-    """Issue 50: the suffix pair ≥ 2× HF prompt lookup (K = 16 both) on the grounded prompts, with our target-only
+    """The suffix pair ≥ 2× HF prompt lookup (K = 16 both) on the grounded prompts, with our target-only
     decoding beside; ms per token, tokens per pass and ms per pass (our round) of each, medians of interleaved runs.
     Our suffix text is our target-only text on every prompt."""
     prompts = [prompt for prompt in SPEED_PROMPTS if prompt.grounded]
@@ -595,7 +595,7 @@ def test_the_suffix_pair_against_hf_prompt_lookup_on_grounded_prompts(subject):
     timings = interleaved(methods, [speed_prompt_ids(subject, prompt) for prompt in prompts])
     runs = timings.runs
     lookup_differing = texts_differing(timings, "HF prompt lookup", "ours target-only", prompts)
-    record("speed, grounded prompts, suffix vs HF prompt lookup (issue 50)", **{
+    record("speed, grounded prompts, suffix vs HF prompt lookup", **{
         "suffix ÷ HF prompt lookup (target ≥ 2)": speedup(runs["suffix"], runs["HF prompt lookup"]),
         "suffix ÷ ours target-only": speedup(runs["suffix"], runs["ours target-only"]),
         **described("suffix", runs["suffix"]), **described("HF prompt lookup", runs["HF prompt lookup"]),
@@ -608,14 +608,14 @@ def test_the_suffix_pair_against_hf_prompt_lookup_on_grounded_prompts(subject):
 
 
 def test_the_hybrid_against_our_target_only_on_open_ended_prompts(subject):
-    """Issue 50: the hybrid (suffix + recurrent head, K = 16) ≥ 1.5× our target-only decoding on the open-ended prompts;
+    """The hybrid (suffix + recurrent head, K = 16) ≥ 1.5× our target-only decoding on the open-ended prompts;
     ms per token, tokens per pass and ms per round of each. The hybrid's text is our target-only text."""
     prompts = [prompt for prompt in SPEED_PROMPTS if not prompt.grounded]
     methods = {"ours target-only": ours_method(subject, None, subject.eos),
                "hybrid": ours_method(subject, "hybrid", subject.eos)}  # fmt: skip
     timings = interleaved(methods, [speed_prompt_ids(subject, prompt) for prompt in prompts])
     runs = timings.runs
-    record("speed, open-ended prompts, hybrid vs our target-only (issue 50)", **{
+    record("speed, open-ended prompts, hybrid vs our target-only", **{
         "hybrid ÷ ours target-only (target ≥ 1.5)": speedup(runs["hybrid"], runs["ours target-only"]),
         **described("hybrid", runs["hybrid"]), **described("ours target-only", runs["ours target-only"]),
     })  # fmt: skip
@@ -640,7 +640,7 @@ def decode_all(subject: Subject, kind: str | None, prompts: list[list[int]], bat
 
 
 def test_eight_rows_together_against_one_row_at_a_time(subject):
-    """Issue 50: B = 8 ≥ 5× the tokens a second of B = 1. Eight prompts decoded by batch_generate 8 rows at a time and
+    """B = 8 ≥ 5× the tokens a second of B = 1. Eight prompts decoded by batch_generate 8 rows at a time and
     one at a time, target-only and suffix (K = 16), interleaved after a short warm-up, medians of 2 on a GPU. Every
     row's text is its target-only text alone, whichever way it was decoded."""
     prompts = [speed_prompt_ids(subject, prompt) for prompt in SPEED_PROMPTS[:4] + SPEED_PROMPTS[6:10]]
@@ -659,14 +659,14 @@ def test_eight_rows_together_against_one_row_at_a_time(subject):
         name, together, alone = kind or "target-only", speed[kind, 8], speed[kind, 1]
         figures[f"{name} B = 8 tokens/s"], figures[f"{name} B = 1 tokens/s"] = round(together, 1), round(alone, 1)
         figures[f"{name} B = 8 ÷ B = 1 (target ≥ 5)"] = round(together / alone, 2)
-    record("speed, 8 rows together vs 1 row (issue 50)", **figures)
+    record("speed, 8 rows together vs 1 row", **figures)
     expected = texts[None, 1]
     differing = [(way, i) for way in ways for i, got in enumerate(texts[way]) if got != expected[i]]
     assert not differing, f"(kind, batch size), prompt index whose text differs from target-only alone: {differing}"
 
 
 def test_a_second_run_captures_no_new_graph(subject, monkeypatch):
-    """Issue 50: graphs are kept for the process, so a second run of the same shape captures nothing. Two identical
+    """Graphs are kept for the process, so a second run of the same shape captures nothing. Two identical
     suffix runs (K = 16) on fresh decoders, as two requests make them: the CUDA graphs each captured, counted at
     torch's CUDAGraph.capture_end whoever captures, and the capture seconds the verifier reports. The second run
     captures nothing, and the two runs' texts are the same."""
@@ -695,7 +695,7 @@ def test_a_second_run_captures_no_new_graph(subject, monkeypatch):
         figures[f"run {run}: capture s"] = round(decoder.verifier.capture_seconds, 3)
     pools = decoder.verifier.pools  # the model's programs, kept for the process
     figures["the process's captures so far"] = f"{len(pools.captures)} in {pools.capture_seconds:.2f} s"
-    record("speed, graph captures (issue 50)", **figures)
+    record("speed, graph captures", **figures)
     assert texts[0] == texts[1]
     assert figures["run 2: graphs captured"] == 0
 
@@ -751,7 +751,7 @@ def test_the_speed_table_on_the_bench_prompts(subject):
 
 
 def test_milliseconds_per_token_of_our_target_only_and_hf_generate(subject):
-    """Issue 50's first row: B = 1, greedy, the first prompt, SPEED_TOKENS tokens (no EOS, so every method decodes them
+    """The first speed row: B = 1, greedy, the first prompt, SPEED_TOKENS tokens (no EOS, so every method decodes them
     all): our target-only decoding against HF `generate` with its default cache and with its compiled static cache (the
     strongest HF baseline), each warmed up (the compiled one compiles there), then interleaved, medians of 5, each run
     timed between synchronizations. Ours ≤ 4 ms a token is the issue's target: recorded, not asserted. A compiled path
@@ -769,7 +769,7 @@ def test_milliseconds_per_token_of_our_target_only_and_hf_generate(subject):
     )
     record("speed", ours_target_only_ms_per_token=ms["ours"], hf_generate_ms_per_token=ms["HF generate"],
            hf_static_compiled_ms_per_token=ms.get("HF static compiled", "failed"))  # fmt: skip
-    record("speed, target-only B = 1 (issue 50)", **{
+    record("speed, target-only B = 1", **{
         "ours ms/token (target ≤ 4)": ms["ours"], "HF generate ms/token": ms["HF generate"],
         "HF static compiled ms/token": ms.get("HF static compiled", "-"), "HF static compiled": compiled,
         "its first run (compiling) s": timings.warm_up_seconds.get("HF static compiled", "-"),
