@@ -21,7 +21,7 @@ from specdemo.engine.decoding import BatchDecoder
 from specdemo.models import fixed_shape, graphs
 from specdemo.models.pools import pools_for
 from tests.engine.test_batch import PROMPTS
-from tests.helpers import FREE, HostWaits, StandIn, WarmingStandIn, tiny_drafter, tiny_model
+from tests.helpers import FREE, HostWaits, StandIn, WarmingStandIn, tiny_drafter, tiny_model, tiny_recurrent_head
 
 EOS: frozenset[int] = frozenset()
 SAMPLED = SamplingConfig(temperature=0.8, top_p=0.9, repetition_penalty=1.2, seed=7)
@@ -263,3 +263,24 @@ def test_a_captures_warm_up_runs_change_nothing_the_rounds_read(monkeypatch: pyt
     with graphs.standing_in(WarmingStandIn):
         captured = texts("1")
     assert captured == eager
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLED], ids=["greedy", "sampled"])
+def test_a_recurrent_round_waits_twice_whatever_its_depth(gpu_path: Counted, sampling: SamplingConfig) -> None:
+    """The recurrent head's K steps are one program (drafters/head_steps.py): a round waits for the drafts and for the
+    round, and launches the same ops at K = 4 and K = 12. Planted: the head's steps run eagerly (a dozen ops a step)."""
+    target = tiny_model(1)
+    head = tiny_recurrent_head(target, 3)
+    found = {}
+    for depth in (4, 12):
+        decoder = BatchDecoder(target, tiny_drafter("recurrent", None, head), EOS)
+        decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(depth, max_new_tokens=4 * (depth + 1)))
+        decoder.step()
+        rounds = []
+        while decoder.rows:
+            captures = StandIn.captures
+            waits, ops, _ = gpu_path.round(decoder)
+            if StandIn.captures == captures:  # a round that made a program pays for it once
+                rounds.append((waits, ops))
+        found[depth] = max(rounds)
+    assert found[4] == found[12] and found[4][0] <= 2, found
