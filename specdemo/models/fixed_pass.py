@@ -202,7 +202,7 @@ def staging_for(group: Group, num_packed: int, device: torch.device) -> Staging:
     return Staging(inputs, outputs, blank)
 
 
-def write_row(row: np.ndarray, slots: int, request: ChainRequest) -> None:  # row [INPUT_COLUMNS] float64
+def write_row(row: np.ndarray, request: ChainRequest) -> None:  # row [INPUT_COLUMNS] float64
     """One row's inputs: its last token and draft at its canonical slots, its settings and its draw stream."""
     n, count = PASS_COLUMNS, len(request.draft_ids) + 1
     start = len(request.trunk_ids) - 1

@@ -364,7 +364,7 @@ class FixedShapeModel(CachedModel):
         if mode[3] and group.seen is None:
             group.seen = torch.zeros(PASS_ROWS, self.vocab_size, dtype=torch.bool, device=self.device)
         for _, chain, request in rows:
-            write_row(staging.write[chain.local], chain.group.slots, request)
+            write_row(staging.write[chain.local], request)
             if mode[3] and group.seen is not None and not chain.seen_valid:  # its first round with a penalty
                 group.seen[chain.local] = False
                 group.seen[chain.local, request.trunk_ids] = True
