@@ -81,8 +81,8 @@ def train_drafter(
 
 def release_memory() -> None:
     """Hands the memory the texts' part freed back to the system before the fit's part. glibc keeps freed heap for
-    reuse, and the fit could not reuse it: in one process the fit's peak sat on top of the texts', 4.46 GB against
-    3.15 GB for the fit alone (docs/recurrent-drafter.md)."""
+    reuse, and the fit could not reuse it: in one process the fit's peak sat on top of the texts' (the figures are in
+    docs/recurrent-drafter.md)."""
     gc.collect()
     if sys.platform.startswith("linux"):
         try:
