@@ -18,13 +18,15 @@ from specdemo.core.fixed_rule import DRAWS_PER_ROUND, row_round_uniforms, seed_f
 from specdemo.core.inspection import PositionView, path_views
 from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, NextKind, Round
+from specdemo.core.rule_inputs import RuleInputs, pad_rows
 from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs
 from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
 from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, hidden_layers
 from specdemo.engine.cost_watch import watch
-from specdemo.models.fixed_shape import SEED_BITS, ChainRequest, FixedShapeModel, uses_fixed_shape
+from specdemo.models.fixed_shape import SEED_BITS, ChainRequest, FixedShapeModel
 from specdemo.models.loading import device_memory, release_device_memory
-from specdemo.models.tree_cache import RowRequest, TreeCachedModel
+from specdemo.models.passes import verifier_for
+from specdemo.models.tree_cache import RowRequest
 
 
 def _eos_cut(token_ids: list[int], eos_token_ids: frozenset[int]) -> int:
@@ -110,15 +112,14 @@ def _greedy_vocabulary(
     return torch.unique(torch.cat([candidates.flatten(), target_ids.flatten()]))
 
 
-def _row_tensors(
+def _rule_inputs(
     row: _Row,
     draft: Draft,
     target_logits: torch.Tensor,  # [W, K+1, V]
     compact: bool,  # the row is greedy and so is every row it is verified with: use its own small vocabulary
-) -> tuple[torch.Tensor, ...]:
-    """One row's inputs to the multi-candidate rule: candidates [W, K], lengths [W], q [W, K, V], p [W, K+1, V] with
-    the row's own settings, its K*W + 1 draws from its own stream, and, when compact, the V' token ids that stand
-    for V (candidates, q and p then index and span those)."""
+) -> RuleInputs:
+    """One row's inputs to the multi-candidate rule: p with the row's own settings, its K*W + 1 draws from its own
+    stream, and, when compact, the V' token ids that stand for V (the ids, q and p then index and span those)."""
     num_candidates, depth_plus_one, vocab_size = target_logits.shape
     device = target_logits.device
     candidates = torch.tensor(
@@ -143,39 +144,14 @@ def _row_tensors(
         draft_probs = draft_probs[..., vocab] if compact else draft_probs
     draws = row_round_uniforms(row.seed, row.draws, (depth_plus_one - 1) * len(draft.token_ids))  # [K*W + 1]
     uniforms = torch.from_numpy(draws).to(device)
-    return candidates, lengths, draft_probs, target_probs, uniforms, vocab
-
-
-def _pad_and_verify(inputs: list[tuple[torch.Tensor, ...]], verify: Verify) -> CandidateVerdict:
-    """Pad every row to the largest W, K and V' (padding candidates have length 0, so they are never tested; padding
-    tokens have p = q = 0, so they are never drawn; a row's draws keep their meaning: test (j, w) reads j*W + w of the
-    row's own W), run the rule, and name each row's next token in the whole vocabulary."""
-    num_candidates = max(c.shape[0] for c, *_ in inputs)
-    depth = max(c.shape[1] for c, *_ in inputs)
-    vocab_size = max(p.shape[-1] for *_, p, _, _ in inputs)
-    padded, vocabs = [], []
-    for candidates, lengths, draft_probs, target_probs, uniforms, vocab in inputs:
-        w, k = candidates.shape
-        draws = uniforms.new_zeros(depth * num_candidates + 1)
-        grid = draws[:-1].view(depth, num_candidates)
-        grid[:k, :w] = uniforms[:-1].view(k, w)
-        draws[-1] = uniforms[-1]
-        extra = vocab_size - target_probs.shape[-1]
-        padded.append(
-            (
-                torch.nn.functional.pad(candidates, (0, depth - k, 0, num_candidates - w)),
-                torch.nn.functional.pad(lengths, (0, num_candidates - w)),
-                torch.nn.functional.pad(draft_probs, (0, extra, 0, depth - k, 0, num_candidates - w)),
-                torch.nn.functional.pad(target_probs, (0, extra, 0, depth - k, 0, num_candidates - w)),
-                draws,
-            )
-        )
-        vocabs.append(torch.nn.functional.pad(vocab, (0, extra)) if len(vocab) else vocab)
-    verdict = verify(*(torch.stack(column) for column in zip(*padded, strict=True)))
-    if not len(vocabs[0]):
-        return verdict
-    local = verdict.next_token_ids  # [B] indices into each row's V'
-    return replace(verdict, next_token_ids=torch.stack(vocabs).gather(1, local.unsqueeze(1)).squeeze(1))
+    return RuleInputs(
+        draft_token_ids=candidates,
+        draft_lengths=lengths,
+        draft_probs=draft_probs,
+        target_probs=target_probs,
+        uniforms=uniforms,
+        vocab=vocab,
+    )
 
 
 def _trace(verdict: CandidateVerdict, b: int, draft: Draft) -> tuple[CandidateTrace, ...]:
@@ -200,21 +176,22 @@ def _trace(verdict: CandidateVerdict, b: int, draft: Draft) -> tuple[CandidateTr
 
 
 def _views(
-    row_inputs: tuple[torch.Tensor, ...],  # what _row_tensors gave the rule for this row
+    row_inputs: RuleInputs,  # what the rule decided this row with
     candidates: tuple[CandidateTrace, ...],
     path: int,
     num_accepted: int,
     next_id: int | None,  # the emitted resampled or bonus token (whole vocabulary)
 ) -> tuple[PositionView, ...]:
     """The inspector's p, q and residual along the accepted path, from the tensors the rule itself decided with."""
-    local_ids, _, draft_probs, target_probs, _, vocab = row_inputs  # in the rule's vocabulary (V' or all V)
+    vocab = row_inputs.vocab  # [V'] or empty: the ids, p and q are in the rule's vocabulary (V' or all V)
     tried = [w for w, c in enumerate(candidates) if num_accepted < len(c.tested) and c.tested[num_accepted]]
     next_local = next_id
     if next_id is not None and len(vocab):
         next_local = int(torch.searchsorted(vocab, torch.tensor([next_id], device=vocab.device)))
-    drafted = local_ids[path, : len(candidates[path].token_ids) if candidates else 0].tolist()
+    drafted = row_inputs.draft_token_ids[path, : len(candidates[path].token_ids) if candidates else 0].tolist()
     compact = vocab if len(vocab) else None
-    return path_views(target_probs[path], draft_probs, path, drafted, num_accepted, tried, next_local, compact)
+    target_probs, draft_probs = row_inputs.target_probs[path], row_inputs.draft_probs  # [K+1, V], [W, K, V]
+    return path_views(target_probs, draft_probs, path, drafted, num_accepted, tried, next_local, compact)
 
 
 class OutOfDeviceMemory(ValueError):
@@ -227,14 +204,6 @@ class OutOfDeviceMemory(ValueError):
             f"This run needed more memory than {where} had ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free): "
             "lower max-new-tokens, the batch size or num-candidates, shorten the prompt, or pick a smaller pair."
         )
-
-
-def verifier_for(target: PreTrainedModel, layers: tuple[int, ...]) -> TreeCachedModel | FixedShapeModel:
-    """The target's cache and passes: one pass shape on a GPU, where kernels differ by shape (models/fixed_shape.py);
-    tree passes on the CPU, where padding costs and the kernels keep a row's sums in order (models/attention.py)."""
-    if uses_fixed_shape(target.device):
-        return FixedShapeModel(target, layers)
-    return TreeCachedModel(target, layers)
 
 
 class BatchDecoder:
@@ -345,12 +314,12 @@ class BatchDecoder:
         compact = all(row.sampling.is_greedy for row in rows)  # rows share the rule's vocabulary: V' or all V
         for key, row, draft, logits in zip(keys, rows, drafts, target_logits, strict=True):
             try:
-                inputs.append(_row_tensors(row, draft, logits, compact))
+                inputs.append(_rule_inputs(row, draft, logits, compact))
             except Exception as error:  # this row's settings: it leaves, the others go on
                 failed[key] = error
         kept = [i for i, key in enumerate(keys) if key not in failed]
         keys, rows, drafts, cuts = ([column[i] for i in kept] for column in (keys, rows, drafts, cuts))
-        verdict = _pad_and_verify(inputs, self.verify) if inputs else None
+        verdict = pad_rows(inputs).verdict(self.verify) if inputs else None  # padded to one W, K and V
         timings = dict(
             draft_seconds=drafted - started,
             verify_seconds=verified - drafted,
@@ -501,7 +470,7 @@ class BatchDecoder:
         draft: Draft,
         cut: Cut | None,
         verdict: CandidateVerdict,
-        row_inputs: tuple[torch.Tensor, ...],  # what _row_tensors gave the rule for this row
+        row_inputs: RuleInputs,  # what the rule decided this row with
         timings: dict[str, float | int],
     ) -> Round:
         """Row b's Round from the verdict; the row grows by its emitted tokens and leaves when it is done."""

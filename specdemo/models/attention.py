@@ -11,7 +11,7 @@ rows of one product, never fewer than MIN_GEMM_ROWS rows in any product, over a 
 WIDTH_STEP (the masked slots past a row's keys add exact zeros). Any other call (generate, a plain forward) goes to
 transformers' sdpa attention, with its masks."""
 
-# B = rows, H = query heads, Hkv = key-value heads, G = H / Hkv, n = queries, W = key slots, d = head size
+# B = rows, H = query heads, Hkv = key-value heads, G = H / Hkv, n = queries, S = key slots, d = head size
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def use_tree_attention(model: PreTrainedModel) -> None:
 def tree_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [B, H, n, d]
-    key: torch.Tensor,  # [B, Hkv, W, d]
-    value: torch.Tensor,  # [B, Hkv, W, d]
-    attention_mask: torch.Tensor | None,  # [B, 1, n, W] bool: True where a query may attend
+    key: torch.Tensor,  # [B, Hkv, S, d]
+    value: torch.Tensor,  # [B, Hkv, S, d]
+    attention_mask: torch.Tensor | None,  # [B, 1, n, S] bool: True where a query may attend
     scaling: float,
     dropout: float = 0.0,
     tree_pass: bool = False,
@@ -74,15 +74,15 @@ def tree_attention(
 
 def _attend(
     query: torch.Tensor,  # [B, Hkv, r, d]
-    key: torch.Tensor,  # [B, Hkv, W, d]
-    value: torch.Tensor,  # [B, Hkv, W, d]
-    allowed: torch.Tensor,  # [B, 1, r, W]
+    key: torch.Tensor,  # [B, Hkv, S, d]
+    value: torch.Tensor,  # [B, Hkv, S, d]
+    allowed: torch.Tensor,  # [B, 1, r, S]
     scaling: float,
     softcap: object,
 ) -> torch.Tensor:  # [B, Hkv, r, d]
     """The eager attention of transformers' models: scores in the model's format, softmax in float32 (float64 for a
     float64 model)."""
-    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)  # [B, Hkv, r, W]
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)  # [B, Hkv, r, S]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -37,7 +36,6 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdemo.config import SamplingConfig
 from specdemo.core.chain_round import packed_columns
 from specdemo.models import graphs
 from specdemo.models.fixed_pass import (
@@ -55,27 +53,11 @@ from specdemo.models.pools import PASS_ROWS, Group, ModelPools, pools_for
 from specdemo.models.tree_cache import CachedModel
 
 MIN_SLOTS = 256  # L: a row's slots are a power of two, at least this, above the most tokens it will hold
-PASS_SHAPE_VARIABLE = "SPECDEMO_PASS_SHAPE"  # "fixed" or "tree" overrides the device's default (fixed on a GPU)
-GRAPHS_VARIABLE = "SPECDEMO_CUDA_GRAPHS"  # "0" decodes eagerly on CUDA too; "1" tries graphs on any device (a test)
 SEED_BITS = 53  # a row's draw stream seed travels in the round's float64 input buffer, exactly
 
 __all__ = ["HOLE", "PASS_COLUMNS", "PASS_ROWS", "ChainRequest", "FixedShapeModel", "slot_bucket"]
 
 log = logging.getLogger(__name__)
-
-
-def uses_fixed_shape(device: torch.device) -> bool:
-    """Fixed-shape passes on a GPU (any device but the CPU), tree passes on the CPU, unless SPECDEMO_PASS_SHAPE says."""
-    forced = os.environ.get(PASS_SHAPE_VARIABLE, "").strip().lower()
-    if forced in ("fixed", "tree"):
-        return forced == "fixed"
-    return device.type != "cpu"
-
-
-def uses_graphs(device: torch.device) -> bool:
-    """CUDA graphs on CUDA, unless SPECDEMO_CUDA_GRAPHS says otherwise."""
-    forced = os.environ.get(GRAPHS_VARIABLE, "").strip()
-    return forced == "1" if forced in ("0", "1") else device.type == "cuda"
 
 
 def slot_bucket(num_tokens: int) -> int:
@@ -142,9 +124,9 @@ class FixedShapeModel(CachedModel):
         self.captures_before = len(self.pools.captures)
 
     @property
-    def graphs(self) -> bool:
-        """Programs are captured as CUDA graphs: asked for (uses_graphs), and no capture failed for this model."""
-        return uses_graphs(self.device) and not self.pools.graphs_failed
+    def replays_graphs(self) -> bool:
+        """Programs are captured as CUDA graphs: asked for (uses_graphs), and no capture of this model's failed."""
+        return graphs.uses_graphs(self.device) and not self.pools.graphs_failed
 
     @property
     def capture_seconds(self) -> float:
@@ -230,7 +212,7 @@ class FixedShapeModel(CachedModel):
     ) -> tuple[torch.Tensor, ...]:
         """The group's program for `mode` (made, and captured where graphs are on, at its first use) run on `inputs`,
         copied in with one copy; the outputs stay on the device."""
-        program = group.programs.get((mode, self.graphs)) or self._program(group, mode, [inputs, *extra])
+        program = group.programs.get((mode, self.replays_graphs)) or self._program(group, mode, [inputs, *extra])
         program.inputs[0].copy_(inputs, non_blocking=True)
         started = time.perf_counter()
         outputs = program.replay()
@@ -242,7 +224,7 @@ class FixedShapeModel(CachedModel):
         """The group's program for `mode`, made at its first use, whose inputs are that use's (`first`): a capture
         runs it a few times before recording it, and those runs must make the writes the first use makes anyway (its
         keys and values at its own slots). The penalty's seen rows, which a round updates, are put back after."""
-        captured = self.graphs
+        captured = self.replays_graphs
         if mode[0] == "pass":
             run = functools.partial(self.runner.group_pass, group)
         else:  # ("round", hidden layers, sampled, penalty, given); a penalty's seen rows made by _round
@@ -368,7 +350,7 @@ class FixedShapeModel(CachedModel):
             if mode[3] and group.seen is not None and not chain.seen_valid:  # its first round with a penalty
                 group.seen[chain.local] = False
                 group.seen[chain.local, request.trunk_ids] = True
-        program = group.programs.get((mode, self.graphs))
+        program = group.programs.get((mode, self.replays_graphs))
         if program is None:
             given = torch.zeros(PASS_ROWS, PASS_COLUMNS - 1, self.vocab_size, device=self.device)  # [R, K, V]
             program = self._program(group, mode, [staging.inputs, *([_drafted(given, rows)] if mode[4] else [])])
@@ -396,19 +378,3 @@ def _arranged(found: dict, key: Hashable, request: RowRequest) -> torch.Tensor: 
     for w, chain in enumerate(chains):
         arranged[w, : chain.shape[0]] = chain
     return arranged
-
-
-def capture_at_load(model: PreTrainedModel) -> str | None:
-    """Where rounds replay CUDA graphs: capture a MIN_SLOTS group's greedy and sampled round programs now, kept for the
-    process, so that the first run replays them; the line for the load's progress (None where there are no graphs).
-    Other groups and modes are captured once, at their first use, with a line in the log."""
-    if not (uses_fixed_shape(model.device) and uses_graphs(model.device)):
-        return None
-    passes, started = FixedShapeModel(model), time.perf_counter()
-    for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
-        passes.decide({"load": ChainRequest([0, 0], [], MIN_SLOTS // 2, sampling, 0, 0, None)})
-        passes.drop("load")
-    if not passes.graphs:
-        return "CUDA graphs could not be captured: rounds run eagerly (the log says why)."
-    seconds = time.perf_counter() - started
-    return f"Captured greedy and sampled rounds as CUDA graphs ({MIN_SLOTS} slots) in {seconds:.1f} s."

@@ -5,18 +5,26 @@ order on one stream."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 
+GRAPHS_VARIABLE = "SPECDEMO_CUDA_GRAPHS"  # "0" decodes eagerly on CUDA too; "1" tries graphs on any device (a test)
 WARMUP_RUNS = 3  # eager runs on a side stream before a capture, as CUDA graphs need
 
 GRAPH_CAPTURE = threading.Lock()  # one CUDA graph capture at a time in the process (they share a capture stream), and
 # no allocator cache emptied during one (empty_cache refuses while a capture is under way)
 
 Outputs = tuple[torch.Tensor, ...]
+
+
+def uses_graphs(device: torch.device) -> bool:
+    """CUDA graphs on CUDA, unless SPECDEMO_CUDA_GRAPHS says otherwise."""
+    forced = os.environ.get(GRAPHS_VARIABLE, "").strip()
+    return forced == "1" if forced in ("0", "1") else device.type == "cuda"
 
 
 def empty_cuda_cache() -> None:

@@ -6,7 +6,7 @@ Each row's slots are canonical: its trunk (the sequence so far) at slots 0..T-1,
 tree, in the order they were fed. That is the layout the row would have alone, whatever the other rows hold, so a row's
 keys are the same keys at the same slots in any batch (models/attention.py makes the arithmetic agree as well)."""
 
-# B = rows, n = columns fed in one pass, C = branch columns of the widest row, W = key slots attended
+# B = rows, n = columns fed in one pass, C = branch columns of the widest row, S = key slots attended
 
 from __future__ import annotations
 
@@ -81,19 +81,19 @@ class PassPlan:
     write_slots: list[list[int]]  # [B][n] each column's slot; -1 (the scratch slot) for padding
     visible_below: list[list[int]]  # [B][n] a column sees every slot below this (its trunk, itself if trunk)...
     tree_visible: list[tuple[int, int, int]]  # ...and these (row, column, slot): its tree ancestors and itself
-    key_positions: list[list[int]]  # [B][W] the position of each slot's token (0 past the row's length)
-    width: int  # W, a multiple of WIDTH_STEP
+    key_positions: list[list[int]]  # [B][S] the position of each slot's token (0 past the row's length)
+    width: int  # S, a multiple of WIDTH_STEP
     trunk_end_column: int  # the column after whose token the trunk-end logits come
     num_logits: int  # logits kept for the last columns (C + 1, or more so the head's GEMM has min_rows rows)
     logit_columns: dict[Hashable, list[list[int]]]  # per asked row and branch, the columns whose logits it gets
     moves: list[tuple[int, int, int]]  # (row, from slot, to slot): keys and values to copy before the pass
     fed: dict[Hashable, int]  # tokens each asked row feeds
 
-    def masks(self, window: int | None = None, device: torch.device | str = "cpu") -> torch.Tensor:  # [B, 1, n, W] bool
+    def masks(self, window: int | None = None, device: torch.device | str = "cpu") -> torch.Tensor:  # [B, 1, n, S] bool
         """Which slot each column may attend to: its trunk and tree ancestors, and with a sliding `window` only those
         less than the window behind it; made on `device`."""
-        slots = torch.arange(self.width, device=device)  # [W]
-        visible = slots[None, None, :] < torch.tensor(self.visible_below, device=device)[:, :, None]  # [B, n, W]
+        slots = torch.arange(self.width, device=device)  # [S]
+        visible = slots[None, None, :] < torch.tensor(self.visible_below, device=device)[:, :, None]  # [B, n, S]
         if self.tree_visible:
             row, column, slot = torch.tensor(self.tree_visible, device=device).T
             visible[row, column, slot] = True

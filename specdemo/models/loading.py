@@ -24,9 +24,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from specdemo.models.fixed_shape import capture_at_load
 from specdemo.models.graphs import empty_cuda_cache, synchronize
 from specdemo.models.offline import OFFLINE_MODELS, Progress, offline_source
+from specdemo.models.passes import capture_at_load
 from specdemo.models.platform import on_zerogpu, zerogpu_memory_bytes
 from specdemo.models.tree_cache import attention_kinds
 

@@ -2,8 +2,8 @@
 branches, one forward pass for all rows. Where each row's tokens sit is models/layout.py's (pure); this module holds
 the keys and values and runs the model."""
 
-# B = rows, L = slots held per row (capacity), n = columns fed in one pass, W = slots attended, V = vocab_size,
-# Hkv = key-value heads, d = head size
+# B = rows, L = slots held per row (capacity), n = columns fed in one pass, S = slots attended, V = vocab_size,
+# Hkv = key-value heads, d = head size, W = a row's candidates (its branches), K = the longest
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class RowCache:
         self.rows = 0  # B: the rows in use, the first ones
         self.slots = 0  # L, the scratch slot included
         self.write_rows = self.write_slots = torch.empty(0, dtype=torch.long, device="cpu")  # [B*n] where it writes
-        self.width = 0  # W: slots attended this pass
+        self.width = 0  # S: slots attended this pass
 
     def reserve(self, rows: int, slots: int) -> None:
         """Room for `rows` rows of `slots` slots besides the scratch one; grown buffers keep what they held."""
@@ -73,7 +73,7 @@ class RowCache:
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: object = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hkv, n, d] each -> [B, Hkv, W, d] each
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hkv, n, d] each -> [B, Hkv, S, d] each
         if layer_idx == len(self.keys):  # first pass: this layer's buffers, shaped by its keys
             batch, heads, _, size = key_states.shape
             shape = (max(self.rows, batch), heads, self.slots, size)

@@ -13,7 +13,7 @@ import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.engine.decoding import BatchDecoder, speculative_generate
-from specdemo.models import fixed_shape
+from specdemo.models import fixed_shape, graphs, passes
 from specdemo.models.fixed_shape import PASS_COLUMNS, PASS_ROWS, FixedShapeModel, slot_bucket
 from specdemo.models.layout import RowRequest
 from specdemo.models.tree_cache import TreeCachedModel
@@ -110,7 +110,7 @@ def test_a_tokens_logits_are_the_same_bits_however_it_is_verified(dtype):
 def test_every_decoding_pass_has_one_shape(tiny_target, tiny_draft, tiny_trained_head, monkeypatch):
     """Rows of three lengths, target-only and speculative with up to three candidates, joining a running batch: every
     pass reads R x n tokens over a row's L slots, except the passes that read a prompt, each [1, its length - 1]."""
-    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
     shapes = []
     hook = tiny_target.register_forward_pre_hook(
         lambda _, args, kwargs: shapes.append((tuple(kwargs["input_ids"].shape), kwargs["attention_mask"].shape[-1])),
@@ -144,7 +144,7 @@ def test_the_engine_decodes_with_fixed_shapes_what_it_decodes_with_tree_passes(
     """A ragged batch of greedy and sampled rows, in float64: the same rounds, token for token, with either cache."""
 
     def decode(shape: str) -> dict[int, list]:
-        monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, shape)
+        monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, shape)
         decoder = BatchDecoder(tiny_target, tiny_drafter(drafter_kind, tiny_draft, tiny_trained_head), EOS)
         assert isinstance(decoder.verifier, FixedShapeModel if shape == "fixed" else TreeCachedModel)
         for row, (sampling, limit) in enumerate(SETTINGS):
@@ -164,7 +164,7 @@ def test_the_engine_decodes_with_fixed_shapes_what_it_decodes_with_tree_passes(
 def test_greedy_speculative_text_is_target_only_text_with_fixed_shapes_in_float32(monkeypatch):
     """Every drafter kind with three candidates on a float32 model: speculative text is target-only text, as on a
     GPU in bfloat16; the hidden state the head reads comes from the same passes."""
-    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
     target = tiny_model(1).float()
     spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=40, num_candidates=3)
     prompt = torch.tensor([PROMPTS[2]])
@@ -206,13 +206,13 @@ def test_a_pass_makes_the_host_wait_nowhere_so_a_cuda_graph_can_capture_it(tiny_
 def test_a_failed_graph_capture_decodes_eagerly_with_one_line_in_the_log(monkeypatch, caplog):
     """Graphs asked for where none can be captured (the CPU): the passes run eagerly, the text is the eager text,
     and the log says so once."""
-    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
     target = tiny_model(1)
     spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=12)
     prompt = torch.tensor([PROMPTS[1]])
 
-    def text(graphs: str) -> list[int]:
-        monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs)
+    def text(on: str) -> list[int]:
+        monkeypatch.setenv(graphs.GRAPHS_VARIABLE, on)
         rounds = speculative_generate(target, tiny_drafter("ngram", None, None), prompt, SamplingConfig(), spec, EOS)
         return [token for round_ in rounds for token in round_.emitted_token_ids]
 
@@ -235,7 +235,7 @@ def test_a_round_decided_on_the_device_reports_what_the_eager_rule_reports(
     residual left unnormalised (_view_entries); both fail."""
 
     def decode(shape: str) -> list:
-        monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, shape)
+        monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, shape)
         decoder = BatchDecoder(tiny_target, tiny_drafter(drafter_kind, tiny_draft, tiny_trained_head), EOS)
         for row, (sampling, limit) in enumerate(SETTINGS):
             decoder.add(row, PROMPTS[row], sampling, SpeculativeConfig(num_draft_tokens=3, max_new_tokens=limit))

@@ -17,7 +17,7 @@ from specdemo.core.sampling import build_warpers, logits_to_probs
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters import ModelDrafter
 from specdemo.engine.decoding import speculative_generate
-from specdemo.models import fixed_shape
+from specdemo.models import passes
 from specdemo.models.loading import dtype_reason, pick_device, resolve_dtype
 from tests.helpers import TINY_VOCAB, seeded_runs, tiny_drafter, tiny_model
 
@@ -105,7 +105,7 @@ def test_greedy_speculative_text_is_target_only_text_in_float16_with_the_gpus_fi
 ):
     """The GPU's path dry-run: fixed-shape passes, three candidates a round, float16; a draft model, and the hybrid
     (suffix copy and the recurrent head, which reads the target's float16 hidden states)."""
-    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
     target, draft, head = float16_models
     spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=24, num_candidates=3)
     alone, _ = greedy_texts(target, lambda: tiny_drafter("none", None, None), spec)

@@ -18,7 +18,7 @@ from specdemo.core.stats import emitted_ids
 from specdemo.drafters.base import Draft, DraftRequest, NoDrafter
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder
-from specdemo.models import fixed_shape, graphs
+from specdemo.models import graphs, passes
 from specdemo.models.pools import pools_for
 from tests.engine.test_batch import PROMPTS
 from tests.helpers import FREE, HostWaits, StandIn, WarmingStandIn, tiny_drafter, tiny_model, tiny_recurrent_head
@@ -80,8 +80,8 @@ class Counted:
 @pytest.fixture
 def gpu_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counted]:
     """The GPU's path on the CPU: fixed-shape passes, graphs asked for, captures replaced by the stand-in."""
-    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
-    monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, "1")
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(graphs.GRAPHS_VARIABLE, "1")
     StandIn.captures = 0
     with graphs.standing_in(StandIn):
         yield Counted(monkeypatch)
@@ -195,7 +195,7 @@ def test_a_model_loaded_where_rounds_replay_graphs_captures_them_at_load(gpu_pat
     """capture_at_load: the greedy and sampled rounds of a first group, captured once with a line for the load's
     progress; a run then captures nothing. Where graphs are off, no line and no capture."""
     target = tiny_model(1)
-    assert fixed_shape.capture_at_load(target).startswith("Captured greedy and sampled rounds as CUDA graphs")
+    assert passes.capture_at_load(target).startswith("Captured greedy and sampled rounds as CUDA graphs")
     assert StandIn.captures == 2
     decoder = BatchDecoder(target, NoDrafter(), EOS)
     decoder.add(0, PROMPTS[0], SAMPLED, SpeculativeConfig(max_new_tokens=4))
@@ -203,8 +203,8 @@ def test_a_model_loaded_where_rounds_replay_graphs_captures_them_at_load(gpu_pat
         decoder.step()
     assert StandIn.captures == 2 + 1  # SAMPLED has a repetition penalty: a mode of its own, captured at first use
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(fixed_shape.GRAPHS_VARIABLE, "0")
-        assert fixed_shape.capture_at_load(tiny_model(1)) is None
+        patch.setenv(graphs.GRAPHS_VARIABLE, "0")
+        assert passes.capture_at_load(tiny_model(1)) is None
     assert StandIn.captures == 3
 
 
@@ -216,8 +216,8 @@ class OutOfMemoryAtCapture(StandIn):
 def test_running_out_of_memory_while_capturing_costs_the_rows_a_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
     """A capture that runs out of device memory: the round's rows leave with the sentence that names the memory and
     the way forward, graphs stay asked for, and the next run, with memory again, decodes and captures."""
-    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
-    monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, "1")
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(graphs.GRAPHS_VARIABLE, "1")
     target = tiny_model(1)
     spec = SpeculativeConfig(max_new_tokens=4)
     with graphs.standing_in(OutOfMemoryAtCapture):
@@ -225,7 +225,7 @@ def test_running_out_of_memory_while_capturing_costs_the_rows_a_sentence(monkeyp
         decoder.add(0, PROMPTS[0], SamplingConfig(), spec)
         [(key, outcome)] = decoder.step()
     assert key == 0 and "needed more memory than the cpu device had" in str(outcome) and not decoder.rows
-    assert decoder.verifier.graphs
+    assert decoder.verifier.replays_graphs
     StandIn.captures = 0
     with graphs.standing_in(StandIn):
         assert len(target_text(target, 4)) == 4
@@ -239,13 +239,13 @@ def test_a_captures_warm_up_runs_change_nothing_the_rounds_read(monkeypatch: pyt
     program three times first, as CUDA's do, every row's text is the text of programs that run eagerly, because a
     program is made with its first use's inputs and the penalty's seen rows are put back. Planted: a program made
     with zeros for inputs (its warm-up runs write keys at slot 0 of every row); seen rows not put back."""
-    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
     target, draft = tiny_model(1), tiny_model(2, num_layers=1)
     settings = [SamplingConfig(), SAMPLED, SamplingConfig(temperature=1.0, seed=3)]
     prompts = [[5, 9, 5, 9, 12, 7], [3, 11], [10, 19, 5, 21, 5, 13]]  # token 0 at slot 0 would hide a stray write
 
     def texts(graphs_on: str) -> dict:
-        monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs_on)
+        monkeypatch.setenv(graphs.GRAPHS_VARIABLE, graphs_on)
         found = {}
         for kind in ("none", "ngram", "model"):
             decoder = BatchDecoder(target, tiny_drafter(kind, draft, None), EOS)
