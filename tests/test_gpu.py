@@ -35,9 +35,11 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
 from specdemo.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, NoDrafter, SuffixDrafter
-from specdemo.drafters.recurrent import RecurrentDrafter, RecurrentHead, cached_head, head_path
+from specdemo.drafters.head import RecurrentHead
+from specdemo.drafters.head_file import cached_head, head_path
+from specdemo.drafters.recurrent import RecurrentDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, batch_generate, speculative_generate
-from specdemo.models import fixed_shape
+from specdemo.models import graphs, passes
 from specdemo.models.fixed_shape import FixedShapeModel
 from specdemo.models.graphs import synchronize
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model
@@ -73,7 +75,7 @@ def only_when_selected(request, monkeypatch):
     the CPU takes the GPU's fixed-shape passes."""
     if request.config.getoption("markexpr") != "gpu":
         pytest.skip("GPU tests run only when selected: make test-gpu (pytest -m gpu)")
-    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
 
 
 @dataclass
@@ -166,19 +168,19 @@ def test_passes_replay_cuda_graphs_and_give_the_eager_text(subject, monkeypatch)
     prompt = torch.tensor([subject.prompts[1]], device=DEVICE)
     spec = SpeculativeConfig(num_draft_tokens=8, max_new_tokens=NEW_TOKENS)
     texts = {}
-    for graphs in ("0", "1"):
-        monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs)
-        if graphs == "1":
-            at_load = fixed_shape.capture_at_load(subject.model)
+    for on in ("0", "1"):
+        monkeypatch.setenv(graphs.GRAPHS_VARIABLE, on)
+        if on == "1":
+            at_load = passes.capture_at_load(subject.model)
         decoder = BatchDecoder(subject.model, NgramDrafter(), subject.eos)
         decoder.add(0, prompt[0].tolist(), GREEDY, spec)
         rounds = []
         while decoder.rows:
             rounds += [round_ for _, round_ in decoder.step()]
-        texts[graphs] = emitted_ids(rounds)
+        texts[on] = emitted_ids(rounds)
     assert texts["1"] == texts["0"]
     pools = decoder.verifier.pools
-    assert bool(pools.captures) == ON_CUDA and decoder.verifier.graphs == ON_CUDA
+    assert bool(pools.captures) == ON_CUDA and decoder.verifier.replays_graphs == ON_CUDA
     assert decoder.verifier.capture_seconds == 0 or not ON_CUDA  # the run replayed what the load captured
     record(
         "setup", graphs=at_load or "eager (no CUDA)", captures=f"{len(pools.captures)} in {pools.capture_seconds:.2f} s"

@@ -8,7 +8,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from specdemo.drafters.recurrent import head_path
+from specdemo.drafters.head_file import head_path
 from specdemo.models import onednn
 from specdemo.models.loading import OFFLINE_DEFAULT, check_model_name, load_model
 from specdemo.models.offline import cache_root
@@ -16,7 +16,7 @@ from specdemo.training.data import INSTRUCTIONS, DataSettings
 from specdemo.training.fit import LABELS, UNROLLS, FitSettings
 from specdemo.training.run import train_drafter
 
-QUICK = dict(num_texts=512, steps=1500)  # --quick: 9 min 13 s from an empty cache on 2026-11-27 (docs/)
+QUICK = dict(num_texts=512, steps=1500)  # --quick: minutes on a laptop's CPU (docs/recurrent-drafter.md)
 DEFAULT_CURVES = Path("docs/recurrent-head-training.png")
 
 

@@ -1,5 +1,5 @@
 """A recurrent head's drafting steps for a round: beam search (greedy rows) or W sampled beams with their q over the
-whole vocabulary (sampled rows). Where the target's rounds replay graphs (models/fixed_shape.uses_graphs) they are
+whole vocabulary (sampled rows). Where the target's rounds replay graphs (models/graphs.uses_graphs) they are
 one program for the rows padded to a power of two, captured as a CUDA graph and kept for the drafter's life, one per
 (rows, rule, W, K); the drafts' q stay on the device for the rule, and the host reads the drafted ids once."""
 
@@ -14,8 +14,8 @@ from collections.abc import Callable, Hashable
 import torch
 
 from specdemo.models import graphs
-from specdemo.models.fixed_shape import uses_fixed_shape, uses_graphs
-from specdemo.models.graphs import Program
+from specdemo.models.graphs import Program, uses_graphs
+from specdemo.models.passes import uses_fixed_shape
 
 log = logging.getLogger(__name__)
 

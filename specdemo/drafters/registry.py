@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import Field, fields
 
 from specdemo.drafters.base import DrafterKind, DraftingContext
+from specdemo.drafters.head_file import cached_head, head_path
 from specdemo.drafters.hybrid import HybridDrafter, HybridOptions
 from specdemo.drafters.ngram import NgramDrafter, NgramOptions
-from specdemo.drafters.recurrent import RecurrentDrafter, RecurrentOptions, cached_head, head_path
+from specdemo.drafters.recurrent import RecurrentDrafter, RecurrentOptions
 from specdemo.drafters.suffix import SuffixDrafter, SuffixOptions
 
 NGRAM, SUFFIX, RECURRENT, HYBRID = "ngram", "suffix", "recurrent", "hybrid"

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from specdemo.config import check_int, check_number
-from specdemo.drafters.recurrent import RecurrentHead
+from specdemo.drafters.head import RecurrentHead
 from specdemo.training.data import IGNORE, features_paths  # IGNORE: no label (off the sub-vocabulary, past the end)
 
 LABELS = ("argmax", "soft")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from specdemo.drafters.recurrent import layer_indices, save_head, target_fingerprint
+from specdemo.drafters.head import layer_indices
+from specdemo.drafters.head_file import save_head, target_fingerprint
 from specdemo.models.loading import LoadedModel, Progress
 from specdemo.training.curves import draw_curves
 from specdemo.training.data import DataSettings, write_features, write_texts, written_with

@@ -11,11 +11,12 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters.base import DraftRequest
+from specdemo.drafters.head_file import load_head, save_head, target_fingerprint
 from specdemo.drafters.hybrid import HybridDrafter
-from specdemo.drafters.recurrent import RecurrentDrafter, load_head, save_head, target_fingerprint
+from specdemo.drafters.recurrent import RecurrentDrafter
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, speculative_generate
-from specdemo.models import fixed_shape, graphs
+from specdemo.models import graphs, passes
 from tests.core.test_candidates import NUM_SAMPLES, V, emitted_counts, follows_target, verify_rule
 from tests.helpers import FREE, TINY_VOCAB, StandIn, WarmingStandIn, tiny_drafter, tiny_model, tiny_recurrent_head
 
@@ -223,11 +224,11 @@ def test_the_heads_steps_as_programs_draft_what_the_head_drafts_eagerly(
     (drafters/head_steps.py): with captures that warm up as CUDA's do, greedy and sampled rows at W = 1 and 3 get
     the rounds they get from the head run eagerly; a second run captures nothing new. Planted: programs keyed without
     K (a shorter last round replays the longer one's steps); it fails."""
-    monkeypatch.setenv(fixed_shape.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
     settings = [SamplingConfig(), SamplingConfig(temperature=0.9, seed=5), SamplingConfig(temperature=1.2, seed=6)]
 
     def rounds(graphs_on: str, drafter) -> dict:
-        monkeypatch.setenv(fixed_shape.GRAPHS_VARIABLE, graphs_on)
+        monkeypatch.setenv(graphs.GRAPHS_VARIABLE, graphs_on)
         decoder = BatchDecoder(tiny_target, drafter, EOS)
         for row, sampling in enumerate(settings):
             spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=15, num_candidates=1 + 2 * (row == 2))

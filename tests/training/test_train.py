@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from specdemo.drafters.recurrent import RecurrentHead, load_head
+from specdemo.drafters.head import RecurrentHead
+from specdemo.drafters.head_file import load_head
 from specdemo.models.loading import LoadedModel
 from specdemo.training.data import (
     IGNORE,
