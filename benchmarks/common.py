@@ -1,9 +1,8 @@
-"""What the analysis scripts share: the flags that pick a model and its number format, and loading it."""
+"""What the benchmarks share: the flags that pick a model and its number format, and loading it."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -19,9 +18,3 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 def load(args: argparse.Namespace) -> LoadedModel:
     return load_model(args.model, device=torch.device("cpu"), dtype=getattr(torch, args.dtype), allow_local=True)
-
-
-def chunks(directory: Path, span: str) -> list[Path]:
-    """train-drafter's text chunks FIRST-LAST of a cache directory."""
-    first, last = map(int, span.split("-"))
-    return [directory / f"texts-{index:04d}.pt" for index in range(first, last + 1)]

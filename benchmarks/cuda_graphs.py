@@ -5,7 +5,7 @@ launches a whole pass at once, and replays the kernels it captured, so the bits 
 times the eager pass only. --compile-check asks torch.compile(fullgraph=True) to trace the pass whole: no graph break
 means no host sync inside, the CPU's proxy for a pass that a graph can capture.
 
-    PYTHONPATH=. python3 benchmarks/cuda_graphs.py --random-smollm2 --dtype bfloat16"""
+    python3 -m benchmarks.cuda_graphs --random-smollm2 --dtype bfloat16"""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ bookkeeping, the probabilities and the rule). Random head weights (the cost does
 format, as load_head gives them. --layers also measures what handing a head its layers' states adds to a round:
 one-token rounds keeping no states, and keeping each choice's, interleaved (fastest and median of --repeats).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/head_cost.py --dtype bfloat16 --sizes 8192 --layers 30 8,15,30"""
+    python -m benchmarks.head_cost --dtype bfloat16 --sizes 8192 --layers 30 15,22,30"""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import statistics
 import time
 
 import torch
-from common import load, parser
 
+from benchmarks.common import load, parser
 from specdemo.config import MAX_NEW_TOKENS_LIMIT, SamplingConfig, SpeculativeConfig
 from specdemo.drafters.base import Draft, DraftRequest
-from specdemo.drafters.recurrent import RecurrentDrafter, RecurrentHead
+from specdemo.drafters.head import RecurrentHead
+from specdemo.drafters.recurrent import RecurrentDrafter
 from specdemo.engine.costs import measure_round_seconds
 from specdemo.engine.decoding import BatchDecoder
 

@@ -3,8 +3,7 @@ with every token a pass reads (t(n) = n t(1), --costs linear), so no draft is wo
 be a plain step; or the costs measured on this machine (--costs measured). Greedy, each prompt decoded by both,
 interleaved, --repeats times; the speed ratio per prompt is the ratio of the median times, and the texts must agree.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/hybrid_floor.py --prompts benchmarks/prompts/F.jsonl --dtype-auto \\
-        --costs linear
+    python -m benchmarks.hybrid_floor --prompts benchmarks/prompts/head-fresh-6.jsonl --dtype-auto --costs linear
 """
 
 from __future__ import annotations
@@ -22,8 +21,9 @@ from specdemo.bench.prompts import read_prompts_file
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts
 from specdemo.core.stats import emitted_ids, run_stats
+from specdemo.drafters.head_file import cached_head, head_path
 from specdemo.drafters.hybrid import HybridDrafter
-from specdemo.drafters.recurrent import RecurrentDrafter, cached_head, head_path
+from specdemo.drafters.recurrent import RecurrentDrafter
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.costs import pass_costs
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate

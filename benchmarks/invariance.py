@@ -1,29 +1,17 @@
 """Does a row's text depend on the rows beside it? Greedy texts of a set of prompts decoded at B = 1 and at B = 8, with
 prompt lookup and with the target alone, and speculative against target-only, in one number format; with the speed of
-each. It runs on commits before the move into packages too, to alternate the two engines.
+each.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/invariance.py --dtype bfloat16 --prompts benchmarks/prompts/fresh.jsonl"""
+    python -m benchmarks.invariance --dtype bfloat16 --prompts benchmarks/prompts/house-fresh.jsonl"""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-try:  # this layout
-    from specdemo import NgramDrafter, NoDrafter, SamplingConfig, SpeculativeConfig, batch_generate
-    from specdemo.bench.prompts import PROMPTS, load_prompts
-    from specdemo.models.loading import chat_prompt_ids
-except ImportError:  # before 2026-11-25's move into packages, to alternate the two engines
-    from specdemo.decoding import batch_generate
-    from specdemo.prompts import PROMPTS, load_prompts
-
-    from specdemo import NgramDrafter, SamplingConfig, SpeculativeConfig
-    from specdemo.drafters import NoDrafter
-    from specdemo.models import chat_prompt_ids
-
-sys.path.insert(0, str(Path(__file__).parent))
-from common import load, parser
+from benchmarks.common import load, parser
+from specdemo import NgramDrafter, NoDrafter, SamplingConfig, SpeculativeConfig, batch_generate
+from specdemo.bench.prompts import PROMPTS, load_prompts
+from specdemo.models.loading import chat_prompt_ids
 
 
 def texts(loaded, drafter_class, prompts: list[list[int]], batch_size: int, max_new_tokens: int) -> tuple[list, float]:

@@ -3,7 +3,7 @@ greedy (each run decides the same rounds, so no timing is needed) and sampled at
 draft position and the tokens each pass verifies (the tree, root included). Speeds come from `python -m specdemo bench`.
 --head compares another head file (e.g. one from `train-drafter --quick --output F`) with the same runs.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/recurrent.py --prompts benchmarks/prompts/recurrent-fresh.jsonl"""
+    python -m benchmarks.recurrent --prompts benchmarks/prompts/head-fresh-6.jsonl --runs "head W=1" hybrid --seeds 1"""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import statistics
 from functools import partial
 from pathlib import Path
 
-from common import load, parser
-
+from benchmarks.common import load, parser
 from specdemo.bench.prompts import PROMPTS, read_prompts_file
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts
 from specdemo.core.stats import run_stats
+from specdemo.drafters.head_file import cached_head, head_path, load_head
 from specdemo.drafters.hybrid import HybridDrafter
-from specdemo.drafters.recurrent import RecurrentDrafter, cached_head, head_path, load_head
+from specdemo.drafters.recurrent import RecurrentDrafter
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.costs import pass_costs
 from specdemo.engine.decoding import speculative_generate

@@ -17,6 +17,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from unittest import mock
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -26,7 +27,7 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts
 from specdemo.drafters import Drafter, NoDrafter, SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder
-from specdemo.models import fixed_shape, graphs
+from specdemo.models import graphs, passes
 from specdemo.models.fixed_pass import PASS_COLUMNS
 from specdemo.models.graphs import Program
 
@@ -60,12 +61,14 @@ class ZeroCost(Program):
         return self.outputs
 
 
-def host_ms_per_round(target: torch.nn.Module, drafter: Callable[[], Drafter], prompt: list[int], depth: int) -> dict:
-    """The median round's milliseconds, the least of RUNS runs, and the tokens drafted a round."""
+def host_ms_per_round(
+    target: torch.nn.Module, drafter: Callable[[], Drafter], prompt: list[int], depth: int, new_tokens: int, runs: int
+) -> dict:
+    """The median round's milliseconds, the least of `runs` runs, and the tokens drafted a round."""
     medians, drafted = [], []
-    for _ in range(RUNS):
+    for _ in range(runs):
         decoder = BatchDecoder(target, drafter(), EOS)
-        decoder.add(0, prompt, SamplingConfig(), SpeculativeConfig(depth, max_new_tokens=NEW_TOKENS))
+        decoder.add(0, prompt, SamplingConfig(), SpeculativeConfig(depth, max_new_tokens=new_tokens))
         decoder.step()  # the prompt's read, apart
         rounds = []
         while decoder.rows:
@@ -80,23 +83,27 @@ def host_ms_per_round(target: torch.nn.Module, drafter: Callable[[], Drafter], p
 def main(argv: list[str] | None = None) -> dict:
     flags = argparse.ArgumentParser(description=__doc__)
     flags.add_argument("--json", help="also write the results here")
+    flags.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="sequence lengths, in tokens")
+    flags.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    flags.add_argument("--runs", type=int, default=RUNS, help="runs of each; the least median is kept")
     args = flags.parse_args(argv)
-    os.environ[fixed_shape.PASS_SHAPE_VARIABLE], os.environ[fixed_shape.GRAPHS_VARIABLE] = "fixed", "1"
     torch.manual_seed(0)
     target = LlamaForCausalLM(LlamaConfig(**SHAPE)).eval()
     free = PassCosts.from_seconds({1: 1.0, 2: 1.01, 129: 1.1})  # passes nearly free: the drafter drafts it all
     results: dict = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__}
-    with graphs.standing_in(ZeroCost):
-        for length in LENGTHS:
+    gpu_path = {passes.PASS_SHAPE_VARIABLE: "fixed", graphs.GRAPHS_VARIABLE: "1"}  # the GPU's, on any device
+    with mock.patch.dict(os.environ, gpu_path), graphs.standing_in(ZeroCost):
+        for length in args.lengths:
             ZeroCost.cycle = torch.randint(0, SHAPE["vocab_size"], (CYCLE,), generator=torch.Generator().manual_seed(1))
             prompt = (ZeroCost.cycle.tolist() * (length // CYCLE + 1))[:length]  # the token at position t: cycle[t % C]
             ZeroCost.cycle = ZeroCost.cycle.double()
             ZeroCost.accepted = 0
-            results[f"target-only, {length} tokens"] = host_ms_per_round(target, NoDrafter, prompt, 1)
+            each = dict(new_tokens=args.new_tokens, runs=args.runs)
+            results[f"target-only, {length} tokens"] = host_ms_per_round(target, NoDrafter, prompt, 1, **each)
             for accepted in (DEPTH, 0):
                 ZeroCost.accepted = accepted
                 results[f"suffix K={DEPTH}, {accepted} accepted, {length} tokens"] = host_ms_per_round(
-                    target, lambda: SuffixDrafter(free, cache_tokens=0), prompt, DEPTH
+                    target, lambda: SuffixDrafter(free, cache_tokens=0), prompt, DEPTH, **each
                 )
     print(json.dumps(results, indent=1))
     if args.json:

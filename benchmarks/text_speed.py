@@ -5,9 +5,9 @@ while writing; a setting ending in `:plain` writes the texts alone, to measure w
 one draw for a batch, do_sample's torch.multinomial against train-drafter's inverse CDF, on the target's own scores.
 --requests times the target writing requests of its own (`--instructions target`), a batch at a time.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/text_speed.py --texts 64 --settings bfloat16:16 bfloat16:32 bfloat16:64
-    PYTHONPATH=. .venv/bin/python benchmarks/text_speed.py --sampler --settings bfloat16:32
-    PYTHONPATH=. .venv/bin/python benchmarks/text_speed.py --requests 3 --settings bfloat16:32
+    python -m benchmarks.text_speed --texts 64 --settings bfloat16:16 bfloat16:32 bfloat16:64
+    python -m benchmarks.text_speed --sampler --settings bfloat16:32
+    python -m benchmarks.text_speed --requests 3 --settings bfloat16:32
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.common import parser
 from specdemo import load_model
-from specdemo.drafters.recurrent import layer_indices
+from specdemo.drafters.head import layer_indices
 from specdemo.models import onednn
 from specdemo.models.loading import chat_prompt_ids
 from specdemo.training.data import DataSettings, InverseCDFSampler, generate_texts

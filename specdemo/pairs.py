@@ -105,7 +105,7 @@ PAIRS: tuple[Pair, ...] = (
         RECURRENT,
         "ReDrafter's drafter: a 3.7M-parameter RNN reads three of the target's layers, fused, and drafts through the "
         "target's own output layer, over the 8,192 tokens it writes most; trained here on the target's own answers, "
-        "half of them to requests it wrote itself (benchmarks/gpu_heads.sh on a GPU; python -m specdemo train-drafter "
+        "half of them to requests it wrote itself (experiments/gpu_heads.sh on a GPU; python -m specdemo train-drafter "
         "on a CPU). W > 1: beams.",
         needs_hub=False,
         suggested_hardware="cpu",
