@@ -55,9 +55,8 @@ def release_freed_memory() -> None:
 def release_openmp_workers() -> None:
     """Let the calling thread's OpenMP workers go (libgomp's omp_pause_resource_all); its next parallel region starts
     new ones. libgomp keeps a thread's workers while the thread lives; once it counts more workers than CPUs, every
-    thread's workers stop spinning between parallel regions and each region waits to wake them: beside one idle thread
-    keeping its workers, SmolLM2's six-token pass took 166-199 ms against 132-139 ms (2 CPUs; README, "Threads that
-    are done with torch", has the snippet)."""
+    thread's workers stop spinning between parallel regions and each region waits to wake them, so every pass slows
+    while one idle thread keeps its workers (docs/serving.md)."""
     for libgomp in _libgomps():
         if hasattr(libgomp, "omp_pause_resource_all"):
             libgomp.omp_pause_resource_all(OMP_PAUSE_SOFT)

@@ -1,10 +1,10 @@
 """Which of oneDNN's CPU kernels torch may use for bfloat16 (ONEDNN_MAX_CPU_ISA, read when oneDNN first runs in a
 process: `uncap` acts only before the first bfloat16 product).
 
-Its AMX kernels (Intel Sapphire Rapids and later) gave a row other logits beside other rows: on 2026-11-27 four
-bit-for-bit batch tests failed on such a CPU and passed with the cap. Serving promises those bits, so `import specdemo`
-caps oneDNN at AVX-512 BF16 (specdemo/__init__.py). Training promises none, and with AMX it wrote its texts 1.5x as
-fast (`uncap`; docs/serving.md). A value the user set is theirs, and stays."""
+Its AMX kernels (Intel Sapphire Rapids and later) give a row other logits beside other rows, which the bit-for-bit
+batch tests catch on such a CPU. Serving promises those bits, so `import specdemo` caps oneDNN at AVX-512 BF16
+(specdemo/__init__.py). Training promises none and writes its texts faster with AMX (`uncap`; docs/serving.md). A
+value the user set is theirs, and stays."""
 
 from __future__ import annotations
 

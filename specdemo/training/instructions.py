@@ -28,8 +28,8 @@ TASKS = (
     "Describe a typical day of someone who works with {subject}.",
     "Write three quiz questions about {subject}, with answers.",
     "Write a diary entry of a traveller who encounters {subject}.",
-    # 40 more kinds of request (2026-11-27): the head drafted far better on held-out answers to the 20 above than on
-    # prompts unlike them, so the same 1,920 texts now come from three times the kinds (docs/recurrent-drafter.md).
+    # More kinds of request: a head drafts far better on held-out answers to the kinds it was trained on than on
+    # prompts unlike them (docs/recurrent-drafter.md).
     "I'm nervous about {subject}. Can you give me some advice?",
     "Write a short speech for a school assembly about {subject}.",
     "Help me plan a weekend project related to {subject}.",
@@ -70,8 +70,7 @@ TASKS = (
     "What is the most important thing people forget about {subject}?",
     "Write a motivational speech for a team working on {subject}.",
     "Describe how {subject} might look through the eyes of a cat.",
-    # 40 more (2026-11-27, later): requests as people write them, with their situation or an occasion, so the texts
-    # are less like templates; with answers cut at 128 tokens the same time writes twice the texts (docs/).
+    # Requests as people write them, with their situation or an occasion, so the texts are less like templates.
     "I just started learning about {subject} and I feel lost. Where should I begin?",
     "My partner loves {subject} and I don't get it. Explain it so I can join in the conversation.",
     "Write a short birthday card message for a friend who loves {subject}.",
@@ -133,7 +132,7 @@ STYLES = (  # a manner asked of some of the instructions, drawn with them: half 
 )
 
 SUBJECTS = tuple(
-    " ".join(subject.split())  # one line: "cloud\ncomputing" was written so until 2026-11-27
+    " ".join(subject.split())  # one line: a subject wrapped in the list below is one subject
     for subject in """
 photosynthesis, the water cycle, volcanoes, black holes, the Roman Empire, bread baking, saving money, learning
 a second language, recycling, honeybees, electric cars, the human heart, chess, composting, the printing press,
