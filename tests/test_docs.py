@@ -17,7 +17,7 @@ def test_the_readme_reads_in_a_minute():
 
 
 def test_the_first_screen_says_how_to_run_it():
-    """"Run it" within 15 lines of the title (the front matter above it is the Space's configuration, not shown)."""
+    """ "Run it" within 15 lines of the title (the front matter above it is the Space's configuration, not shown)."""
     lines = (ROOT / "README.md").read_text().splitlines()
     title = next(number for number, line in enumerate(lines) if line.startswith("# "))
     assert "## Run it" in lines[title : title + 15]
