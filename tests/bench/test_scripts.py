@@ -55,7 +55,7 @@ def test_each_benchmark_is_tested_here():
     test runs."""
     folder = Path(__file__).resolve().parents[2] / "benchmarks"
     modules = {path.stem for path in folder.glob("*.py")} - {"__init__", "common"}
-    assert modules == {name for name, _ in TINY_RUNS} | {"round_host"}
+    assert modules == {name for name, _ in TINY_RUNS} | {"round_host", "load"}  # load: tests/app/test_robustness.py
 
 
 @pytest.mark.parametrize(("name", "options"), TINY_RUNS)

@@ -4,8 +4,6 @@ the tree rule, vmap == a Python loop."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -166,7 +164,7 @@ def test_one_candidate_is_rejection_sample_bit_for_bit():
     assert torch.equal(verdict.next_token_probs, expected.next_token_probs)
 
 
-def test_one_candidate_chains_are_the_tree_rule_bit_for_bit(capsys):
+def test_one_candidate_chains_are_the_tree_rule_bit_for_bit():
     """verify_chains (the engine's rule when every row has one candidate) gives verify_tree's whole verdict, on
     ragged lengths 0..K, sampled and one-hot drafts, one-hot (greedy) targets and rows where p == q."""
     generator = torch.Generator().manual_seed(11)
@@ -181,20 +179,12 @@ def test_one_candidate_chains_are_the_tree_rule_bit_for_bit(capsys):
     lengths = torch.randint(0, depth + 1, (rows, 1), generator=generator)
     uniforms = torch.rand(rows, depth + 1, dtype=torch.float64, generator=generator)
     inputs = (tokens, lengths, draft_probs, target_probs, uniforms)
-    started = time.perf_counter()
     tree = verify_tree(*inputs)
-    tree_seconds = time.perf_counter() - started
-    started = time.perf_counter()
     chains = verify_chains(*inputs)
-    chain_seconds = time.perf_counter() - started
     for name in tree.__dataclass_fields__:
         assert torch.equal(getattr(chains, name), getattr(tree, name)), name
     assert 0 < int(tree.num_accepted.sum()) < int(lengths.sum()) and bool((tree.num_accepted < lengths[:, 0]).any())
     assert verify_rows(*inputs).next_token_ids.equal(tree.next_token_ids)
-    with capsys.disabled():
-        print(
-            f"\nverify {rows} rows x K={depth}: chains {chain_seconds * 1e3:.1f} ms, tree {tree_seconds * 1e3:.1f} ms"
-        )
 
 
 def test_greedy_takes_the_longest_prefix_matching_the_argmax():
@@ -211,7 +201,7 @@ def test_greedy_takes_the_longest_prefix_matching_the_argmax():
     assert (int(verdict.path), int(verdict.num_accepted), int(verdict.next_token_ids)) == (1, 3, 1)
 
 
-def test_vmap_equals_the_per_sequence_loop_and_report_timings(capsys):
+def test_vmap_equals_the_per_sequence_loop():
     generator = torch.Generator().manual_seed(5)
     rows, num_candidates, depth, vocab = 64, 4, 5, 4096
     target_probs = torch.softmax(torch.randn(rows, num_candidates, depth + 1, vocab, generator=generator) * 3, -1)
@@ -220,14 +210,10 @@ def test_vmap_equals_the_per_sequence_loop_and_report_timings(capsys):
     tokens[:, 1] = tokens[:, 0]  # duplicates, so later depths see several live candidates
     lengths = torch.randint(1, depth + 1, (rows, num_candidates), generator=generator)
     uniforms = torch.rand(rows, depth * num_candidates + 1, dtype=torch.float64, generator=generator)
-    started = time.perf_counter()
     lifted = verify_tree(tokens, lengths, draft_probs, target_probs, uniforms)
-    vmap_seconds = time.perf_counter() - started
-    started = time.perf_counter()
     looped = [
         verify_candidates(*(t[b] for t in (tokens, lengths, draft_probs, target_probs, uniforms))) for b in range(rows)
     ]
-    loop_seconds = time.perf_counter() - started
     for b, (tested, accepted, _, _, path, num_accepted, next_id, next_prob) in enumerate(looped):
         assert torch.equal(tested, lifted.tested[b]) and torch.equal(accepted, lifted.accepted[b])
         assert (int(path), int(num_accepted), int(next_id)) == (
@@ -240,8 +226,3 @@ def test_vmap_equals_the_per_sequence_loop_and_report_timings(capsys):
     for b in range(rows):
         for w in range(num_candidates):
             assert int(draft_tokens[b, w]) == int(sample_one(draft_probs[b, w, 0], uniforms[b, w]))
-    with capsys.disabled():
-        print(
-            f"\nverify {rows} rows x W={num_candidates} x K={depth} x V={vocab}: "
-            f"vmap {vmap_seconds * 1e3:.1f} ms, Python loop {loop_seconds * 1e3:.1f} ms"
-        )

@@ -3,7 +3,6 @@ beside it; a stopped or failing row leaves alone; rows beyond the batch wait for
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 
@@ -18,7 +17,14 @@ from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.engine.scheduler import DecodeRequest, Scheduler
 from tests.engine.test_batch import EOS, PROMPTS, SETTINGS
-from tests.helpers import TINY_VOCAB
+from tests.helpers import (
+    HANG_GUARD_SECONDS,
+    TINY_VOCAB,
+    assert_stopped_runs_leave_at_the_next_round,
+    count_rounds,
+    wait_for_rounds,
+    wait_until,
+)
 
 FAR = 1e12  # a deadline that never comes
 
@@ -48,21 +54,42 @@ def expected(target, make_drafter, request: DecodeRequest, eos: frozenset[int] =
     return emitted_ids(list(autoregressive_generate(target, prompt, sampling, spec.max_new_tokens, eos)))
 
 
-def run_concurrently(scheduler: Scheduler, rows: list[DecodeRequest], stagger: float = 0.0) -> list[list]:
-    """Each row submitted from its own thread (as each user's page does), `stagger` seconds apart; their rounds."""
-    results: list[list] = [[] for _ in rows]
+class Consumers:
+    """Rows submitted each from its own thread, as each user's page submits its run, and the rounds each receives."""
 
-    def consume(index: int) -> None:
-        time.sleep(stagger * index)
-        for batch in scheduler.submit([rows[index]], FAR).rounds(0.01):
-            results[index].extend(batch)
+    def __init__(self, scheduler: Scheduler, rows: list[DecodeRequest]) -> None:
+        self.scheduler, self.rows = scheduler, rows
+        self.results: list[list] = [[] for _ in rows]
+        self.submitted: set[int] = set()
+        self.threads: list[threading.Thread] = []
 
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(rows))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return results
+    def start(self, *indices: int) -> None:
+        """Rows `indices`, each submitted from a thread of its own; returns once all are in the scheduler."""
+        for index in indices:
+            self.threads.append(threading.Thread(target=self._consume, args=(index,)))
+            self.threads[-1].start()
+        wait_until(lambda: self.submitted >= set(indices), f"rows {indices} submitted")
+
+    def _consume(self, index: int) -> None:
+        stream = self.scheduler.submit([self.rows[index]], FAR)
+        self.submitted.add(index)
+        for batch in stream.rounds(0.01):
+            self.results[index].extend(batch)
+
+    def join(self) -> list[list]:
+        for thread in self.threads:
+            thread.join(timeout=HANG_GUARD_SECONDS)
+            assert not thread.is_alive(), "hang guard, not a speed bound: a row's run never ended"
+        return self.results
+
+
+def run_concurrently(scheduler: Scheduler, rows: list[DecodeRequest], models_lock: threading.Lock) -> list[list]:
+    """Each row submitted from its own thread (as each user's page does); their rounds. No pass runs (the scheduler's
+    `models_lock` is held) before every row is in, so the rows share passes however slowly the threads start."""
+    consumers = Consumers(scheduler, rows)
+    with models_lock:
+        consumers.start(*range(len(rows)))
+    return consumers.join()
 
 
 class SwappingScheduler(Scheduler):
@@ -78,13 +105,19 @@ class SwappingScheduler(Scheduler):
 
 
 def crosstalk(scheduler_class: type[Scheduler], target, make_drafter) -> list[int]:
-    """The rows whose tokens differ from the same row decoded alone."""
+    """The rows whose tokens differ from the same row decoded alone. Row 0 decodes first; rows 1 and 2 are submitted
+    before its first pass and join its batch after it; rows 3 and 4 join once row 1 has had a round."""
     rows = requests()
     models_lock = threading.Lock()
     scheduler = scheduler_class(target, make_drafter(), EOS, models_lock, max_rows=8)
-    models_lock.acquire()  # the first pass waits 50 ms, so rows 1 and 2 (20 and 40 ms) join a batch still running
-    threading.Timer(0.05, models_lock.release).start()  # on a slow machine row 0 could otherwise end alone first
-    results = run_concurrently(scheduler, rows, stagger=0.02)
+    consumers = Consumers(scheduler, rows)
+    with models_lock:  # no pass yet
+        consumers.start(0)
+        wait_until(lambda: bool(scheduler.decoder.rows), "row 0 admitted")
+        consumers.start(1, 2)
+    wait_until(lambda: bool(consumers.results[1]), "row 1's first round")
+    consumers.start(3, 4)
+    results = consumers.join()
     assert max(r.num_rows for rounds in results for r in rounds) >= 3, "the rows should have shared passes"
     return [i for i, row in enumerate(rows) if emitted_ids(results[i]) != expected(target, make_drafter, row)]
 
@@ -103,36 +136,47 @@ def test_each_run_gets_exactly_its_own_tokens_and_a_swapping_scheduler_is_caught
 
 def test_rows_beyond_the_batch_wait_for_a_place(tiny_target):
     rows = requests()
-    scheduler = Scheduler(tiny_target, NgramDrafter(3, 1), EOS, threading.Lock(), max_rows=2)
-    results = run_concurrently(scheduler, rows)
+    lock = threading.Lock()
+    scheduler = Scheduler(tiny_target, NgramDrafter(3, 1), EOS, lock, max_rows=2)
+    results = run_concurrently(scheduler, rows, lock)
     assert all(results), "every row completes"
     assert max(r.num_rows for rounds in results for r in rounds) == 2
     for i, row in enumerate(rows):
         assert emitted_ids(results[i]) == expected(tiny_target, lambda: NgramDrafter(3, 1), row), f"row {i}"
 
 
-def test_a_stopped_row_leaves_within_a_second_and_the_others_are_unchanged(tiny_target):
-    """No EOS here, so the long row could only end by being stopped."""
+def test_a_stopped_row_leaves_at_the_next_round_and_the_others_are_unchanged(tiny_target, monkeypatch):
+    """No EOS here, so the long row could only end by being stopped; the others decode beside it until it is, and
+    after at most the step that began as it was stopped, its row is out of the batch."""
+    counter = count_rounds(monkeypatch)
     never = frozenset()
     long = DecodeRequest(PROMPTS[0], SamplingConfig(temperature=1.0, seed=7), SpeculativeConfig(max_new_tokens=2000))
     rows = requests()
     scheduler = Scheduler(tiny_target, NgramDrafter(3, 1), never, threading.Lock())
-    stream = scheduler.submit([long], FAR)
-    batches = stream.rounds(0.01)
+    batches = scheduler.submit([long], FAR).rounds(0.01)
     next(batches)  # it is decoding
-    results: list[list] = []
-    others = threading.Thread(target=lambda: results.extend(run_concurrently(scheduler, rows)))
-    others.start()
-    time.sleep(0.2)
-    stopped = time.monotonic()
+    others = Consumers(scheduler, rows)
+    others.start(*range(len(rows)))
+    wait_until(lambda: any(others.results), "the other rows' first round")  # a pass they shared with the long row
     batches.close()  # what Stop and a disconnect do
-    while stream.keys[0] in scheduler.decoder.rows:
-        assert time.monotonic() - stopped < 1.0, "the stopped row should leave within a second"
-        time.sleep(0.005)
-    others.join(timeout=120)
+    assert_stopped_runs_leave_at_the_next_round(counter)
+    results = others.join()
     assert max(r.num_rows for lane in results for r in lane) >= 2, "the rows should have shared passes"
     for i, row in enumerate(rows):
         assert emitted_ids(results[i]) == expected(tiny_target, lambda: NgramDrafter(3, 1), row, never), f"row {i}"
+
+
+def test_a_stopped_stream_never_read_again_leaves_at_the_next_round(tiny_target, monkeypatch):
+    """Stop set for a page that never reads its stream again (nothing closes it, nothing cancels its rows): the
+    scheduler looks at the stop event itself, between rounds."""
+    counter = count_rounds(monkeypatch)
+    long = DecodeRequest(PROMPTS[0], SamplingConfig(temperature=1.0, seed=7), SpeculativeConfig(max_new_tokens=2000))
+    scheduler = Scheduler(tiny_target, NgramDrafter(3, 1), frozenset(), threading.Lock())
+    stop = threading.Event()
+    scheduler.submit([long], FAR, stop)
+    wait_for_rounds(counter, 3)
+    stop.set()
+    assert_stopped_runs_leave_at_the_next_round(counter)
 
 
 def test_a_failing_row_fails_only_its_own_run(tiny_target, monkeypatch):
@@ -161,69 +205,73 @@ def test_a_failing_row_fails_only_its_own_run(tiny_target, monkeypatch):
         except RuntimeError as error:
             failure.append(error)
 
-    results: list[list] = []
+    consumers = Consumers(scheduler, rows)
+    failing = threading.Thread(target=consume_bad)
     with lock:  # everyone has joined before the first pass
-        threads = [
-            threading.Thread(target=consume_bad),
-            threading.Thread(target=lambda: results.extend(run_concurrently(scheduler, rows))),
-        ]
-        for thread in threads:
-            thread.start()
-        time.sleep(0.2)
-    for thread in threads:
-        thread.join(timeout=60)
+        failing.start()
+        consumers.start(*range(len(rows)))
+        wait_until(lambda: len(scheduler.streams) == len(rows) + 1, "the failing row submitted")
+    failing.join(timeout=HANG_GUARD_SECONDS)
+    assert not failing.is_alive(), "hang guard, not a speed bound: the failing row's run never ended"
+    results = consumers.join()
     assert [str(e) for e in failure] == ["injected fault"]
     assert shared and shared[0] >= 3, "the fault should strike while the row shares its passes"
     for i, row in enumerate(rows):
         assert emitted_ids(results[i]) == expected(tiny_target, lambda: NgramDrafter(3, 1), row), f"row {i}"
 
 
-def test_a_row_past_its_deadline_stops_says_so_and_leaves(tiny_target):
-    scheduler = Scheduler(tiny_target, NgramDrafter(3, 1), EOS, threading.Lock())
+def test_a_row_past_its_deadline_stops_says_so_and_leaves(tiny_target, monkeypatch):
+    """No EOS, so the rows could only end by leaving: at most the step begun as the deadline ended them runs."""
+    counter = count_rounds(monkeypatch)
+    scheduler = Scheduler(tiny_target, NgramDrafter(3, 1), frozenset(), threading.Lock())
     stream = scheduler.submit(requests()[:2], deadline=time.monotonic())
     assert [r for batch in stream.rounds(0.01) for r in batch] == []
     assert stream.out_of_time
-    time.sleep(0.2)
-    assert scheduler.decoder.rows == {} and scheduler.worker is None
+    assert_stopped_runs_leave_at_the_next_round(counter)
+    wait_until(lambda: scheduler.worker is None, "the scheduler's thread ending")
+    assert scheduler.decoder.rows == {}
 
 
 def test_a_slow_consumer_still_receives_every_round(tiny_target):
-    """A busy server or a slow network: the scheduler keeps the rounds, it does not take the wait for a Stop."""
+    """A busy server or a slow network: the consumer reads its first rounds, then nothing until the row has been
+    decoded to its end. The scheduler keeps the rounds; it does not take the wait for a Stop."""
     row = requests()[0]
     scheduler = Scheduler(tiny_target, NgramDrafter(3, 1), EOS, threading.Lock())
     received = []
     for batch in scheduler.submit([row], FAR).rounds(0.01):
         received.extend(batch)
-        time.sleep(0.3)
+        wait_until(lambda: not scheduler.streams, "the row decoded to its end")
     assert emitted_ids(received) == expected(tiny_target, lambda: NgramDrafter(3, 1), row)
 
 
 def test_schedulers_of_different_models_never_run_a_pass_at_once(tiny_target, tiny_draft):
-    """Two schedulers (two models) with one shared lock: their forward passes never overlap in time."""
-    passes: list[tuple[float, float]] = []
-
-    def timed(module, *_):
-        module.started = time.perf_counter()
-
-    def record(module, *_):
-        passes.append((module.started, time.perf_counter()))
-
-    hooks = [m.register_forward_pre_hook(timed) for m in (tiny_target, tiny_draft)]
-    hooks += [m.register_forward_hook(record) for m in (tiny_target, tiny_draft)]
+    """Two schedulers (two models) with one shared lock: no forward pass starts while another is running."""
     lock = threading.Lock()
+    passes = {"started": 0, "running": 0, "most_at_once": 0}
+    counting = threading.Lock()
+
+    def entering(module, *_):
+        with counting:
+            passes["started"] += 1
+            passes["running"] += 1
+            passes["most_at_once"] = max(passes["most_at_once"], passes["running"])
+
+    def leaving(module, *_):
+        with counting:
+            passes["running"] -= 1
+
+    hooks = [m.register_forward_pre_hook(entering) for m in (tiny_target, tiny_draft)]
+    hooks += [m.register_forward_hook(leaving) for m in (tiny_target, tiny_draft)]
     try:
         first = Scheduler(tiny_target, NgramDrafter(3, 1), EOS, lock)
         second = Scheduler(tiny_draft, NgramDrafter(3, 1), EOS, lock)
-        threads = [
-            threading.Thread(target=run_concurrently, args=(scheduler, requests())) for scheduler in (first, second)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=120)
+        runs = [Consumers(scheduler, requests()) for scheduler in (first, second)]
+        for consumers in runs:
+            consumers.start(*range(len(consumers.rows)))
+        for consumers in runs:
+            consumers.join()
     finally:
         for hook in hooks:
             hook.remove()
-    passes.sort()
-    assert len(passes) > 20
-    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(passes))
+    assert passes["started"] > 20
+    assert passes["most_at_once"] == 1, passes

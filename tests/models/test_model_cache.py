@@ -3,26 +3,29 @@
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 from specdemo.models.shared import ModelCache
+from tests.helpers import wait_until
 
 CPU = torch.device("cpu")
 
 
 class CountingLoader:
-    """Stands in for load_model: records each load, slowly, so concurrent requests overlap."""
+    """Stands in for load_model: records each load, which ends only once `until()` is true (so that requests made
+    meanwhile overlap it, however slowly their threads start)."""
 
-    def __init__(self) -> None:
+    def __init__(self, until: Callable[[], bool] = lambda: True) -> None:
         self.loads: list[str] = []
         self.lock = threading.Lock()
+        self.until = until
 
     def __call__(self, name: str, progress, **options) -> str:
-        time.sleep(0.2)
+        wait_until(self.until, "the requests the load waits for")
         with self.lock:
             self.loads.append(name)
         if name == "broken/model":
@@ -40,10 +43,17 @@ def test_cache_evicts_least_recently_used_but_never_the_pinned_default():
 
 
 def test_concurrent_requests_load_a_model_once():
-    loader = CountingLoader()
+    """Eight requests, all made before the first one's load ends."""
+    requests: list[int] = []
+    loader = CountingLoader(until=lambda: len(requests) == 8)
     cache = ModelCache(loader)
+
+    def request(index: int) -> str:
+        requests.append(index)
+        return cache.get("a/model")
+
     with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(lambda _: cache.get("a/model"), range(8)))
+        results = list(pool.map(request, range(8)))
     assert results == ["model:a/model"] * 8
     assert loader.loads == ["a/model"]
 
