@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 MAX_NUM_DRAFT_TOKENS = 16  # beyond this, verifying K+1 positions costs more than rejections save
 MAX_NEW_TOKENS_LIMIT = 2048  # keeps a single run bounded in time and memory on a CPU
@@ -35,23 +36,113 @@ def check_int(name: str, value: int, low: int, high: int) -> None:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A run setting's limits and words, declared once beside its config field: `__post_init__` checks the value
+    against the limits, and the page's control and the command line's flag show the label, help and limits from here."""
+
+    called: str  # how a sentence names it: "top-k", "num-draft-tokens"
+    low: float
+    high: float
+    label: str  # the page's control
+    help: str  # one line: the flag's help
+    low_open: bool = False  # (low, high]: low itself is refused
+    whole: bool = False  # a whole number (check_int), else any number in the limits
+    step: float = 1  # the page slider's step
+    shown: tuple[float, float] | None = None  # the page slider's ends, where they are narrower than the limits
+    shown_default: float | None = None  # what the page shows for a default of None (a slider needs a number)
+
+    def check(self, value: float) -> None:
+        if self.whole:
+            check_int(self.called, value, int(self.low), int(self.high))
+        else:
+            check_number(self.called, value, self.low, self.high, low_open=self.low_open)
+
+    def limits(self) -> str:
+        """The limits as a sentence writes them: 1..16 for whole numbers, [0, 10] or (0, 1] for others."""
+        if self.whole:
+            return f"{int(self.low):,}..{int(self.high):,}"
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+
+def setting(default: Any, called: str, **limits_and_words: Any) -> Any:
+    """A config field that carries its Setting (what `run_settings` reads back)."""
+    return field(default=default, metadata={"setting": Setting(called, **limits_and_words)})
+
+
+def run_settings(config: type | object) -> dict[str, tuple[Any, Setting]]:
+    """A config's settings by field name, in field order: (its default, its Setting)."""
+    return {spec.name: (spec.default, spec.metadata["setting"]) for spec in fields(config)}  # type: ignore[arg-type]
+
+
+def check_settings(config: object) -> None:
+    """Every setting within its limits (None passes where None is the default), in field order; the numbers that are
+    not whole become floats (transformers' logits processors refuse ints)."""
+    for name, (default, spec) in run_settings(config).items():
+        value = getattr(config, name)
+        if value is None and default is None:
+            continue
+        spec.check(value)
+        if not spec.whole:
+            object.__setattr__(config, name, float(value))
+
+
+@dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is chosen; applied identically to the target and to a draft model."""
 
-    temperature: float = 0.0  # 0: greedy (argmax), as generate(do_sample=False)
-    top_k: int = 0  # 0: off, as in transformers
-    top_p: float = 1.0  # 1.0: off
-    repetition_penalty: float = 1.0  # 1.0: off; CTRL-style, on prompt + everything generated so far
-    seed: int = 0  # seeds the run's torch.Generator, so a run is reproducible
+    temperature: float = setting(  # 0: greedy (argmax), as generate(do_sample=False)
+        0.0,
+        "temperature",
+        low=0.0,
+        high=MAX_TEMPERATURE,
+        label="Temperature (0 = greedy)",
+        help="0 = greedy (argmax)",
+        step=0.05,
+        shown=(0, 2),  # the page's slider: where useful values lie
+    )
+    top_k: int = setting(  # 0: off, as in transformers
+        0,
+        "top-k",
+        low=0,
+        high=MAX_TOP_K,
+        label="Top-k (0 = off)",
+        help="0 = off",
+        whole=True,
+    )
+    top_p: float = setting(  # 1.0: off
+        1.0,
+        "top-p",
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        label="Top-p (1 = off)",
+        help="1 = off",
+        step=0.01,
+        shown=(0.05, 1),
+    )
+    repetition_penalty: float = setting(  # 1.0: off; CTRL-style, on prompt + everything generated so far
+        1.0,
+        "repetition penalty",
+        low=0.0,
+        high=MAX_REPETITION_PENALTY,
+        low_open=True,
+        label="Repetition penalty (1 = off)",
+        help="1 = off; on the prompt and everything generated so far",
+        step=0.05,
+        shown=(1, 2),
+    )
+    seed: int = setting(  # seeds the run's torch.Generator, so a run is reproducible
+        0,
+        "seed",
+        low=0,
+        high=2**63 - 1,
+        label="Seed",
+        help="seeds the run's random draws",
+        whole=True,
+    )
 
     def __post_init__(self) -> None:
-        check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
-        check_int("top-k", self.top_k, 0, MAX_TOP_K)
-        check_number("top-p", self.top_p, 0.0, 1.0, low_open=True)
-        check_number("repetition penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
-        check_int("seed", self.seed, 0, 2**63 - 1)
-        for name in ("temperature", "top_p", "repetition_penalty"):  # transformers' processors refuse ints
-            object.__setattr__(self, name, float(getattr(self, name)))
+        check_settings(self)
 
     @property
     def is_greedy(self) -> bool:
@@ -62,18 +153,48 @@ class SamplingConfig:
 class SpeculativeConfig:
     """How much to speculate and how long to generate (a drafter's own options are its kind's: drafters/)."""
 
-    num_draft_tokens: int = 5  # K; 5 balances acceptance and verify cost for prompt lookup on a CPU
-    max_new_tokens: int = 128
-    draft_temperature: float | None = None  # None: a draft model samples with the target's settings
-    num_candidates: int = 1  # W: drafts per round; the target scores all W in one pass and keeps the best path
+    num_draft_tokens: int = setting(  # K; 5 balances acceptance and verify cost for prompt lookup on a CPU
+        5,
+        "num-draft-tokens",
+        low=1,
+        high=MAX_NUM_DRAFT_TOKENS,
+        label="Draft tokens per round (γ; the most, for a cost-aware drafter)",
+        help="K: tokens drafted per round (the most, for a cost-aware drafter)",
+        whole=True,
+    )
+    max_new_tokens: int = setting(
+        128,
+        "max-new-tokens",
+        low=1,
+        high=MAX_NEW_TOKENS_LIMIT,
+        label="Max new tokens",
+        help="tokens to generate at most",
+        whole=True,
+        shown=(1, 512),  # the page's end (it refuses more): a run stays well under a minute on a CPU
+    )
+    draft_temperature: float | None = setting(  # None: a draft model samples with the target's settings
+        None,
+        "draft temperature",
+        low=0.0,
+        high=MAX_TEMPERATURE,
+        label="Draft temperature (the draft samples at its own)",
+        help="a draft model's own temperature (unset: the pair's, else the target's settings)",
+        step=0.05,
+        shown=(0, 2),
+        shown_default=1.5,  # shown for draft-model pairs only, whose pick sets it: SmolLM2-135M's own
+    )
+    num_candidates: int = setting(  # W: drafts per round; the target scores all W in one pass, keeps the best path
+        1,
+        "num-candidates",
+        low=1,
+        high=MAX_NUM_CANDIDATES,
+        label="Candidates per round (W): drafts the target checks together",
+        help="W: candidate drafts per round, scored together in one pass",
+        whole=True,
+    )
 
     def __post_init__(self) -> None:
-        check_int("num-draft-tokens", self.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
-        check_int("max-new-tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
-        check_int("num-candidates", self.num_candidates, 1, MAX_NUM_CANDIDATES)
-        if self.draft_temperature is not None:
-            check_number("draft temperature", self.draft_temperature, 0.0, MAX_TEMPERATURE)
-            object.__setattr__(self, "draft_temperature", float(self.draft_temperature))
+        check_settings(self)
 
     def draft_sampling(self, sampling: SamplingConfig) -> SamplingConfig:
         """What a draft model samples with: the target's settings, at draft_temperature when one is set.

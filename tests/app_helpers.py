@@ -7,9 +7,10 @@ from contextlib import contextmanager
 
 import specdemo.app.page as page
 from specdemo.app.form import defaults
-from specdemo.app.one_prompt import EXAMPLES
+from specdemo.app.tabs.one_prompt import EXAMPLES
 from specdemo.models.loading import LoadedModel
 from specdemo.models.shared import ModelCache
+from tests.helpers import HANG_GUARD_SECONDS
 
 SPELLING = EXAMPLES[0][0]
 
@@ -27,6 +28,7 @@ def launched_app(loaded: LoadedModel, **build_options) -> Iterator[tuple[str, ob
     cache = ModelCache(pinned=loaded.name)
     cache.put(loaded)
     demo = page.build_demo(cache, **build_options)
+    demo.specdemo_server.budget_seconds = HANG_GUARD_SECONDS  # a budget is a clock: its tests set their own
     _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
     try:
         yield url, demo.specdemo_server

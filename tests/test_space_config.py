@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from specdemo.app.zerogpu import DEFAULT_PAIRS
+from specdemo.app.serving.zerogpu import DEFAULT_PAIRS
 from specdemo.models.offline import OFFLINE_MODELS
 from specdemo.pairs import PAIRS_BY_KEY
 

@@ -1,6 +1,7 @@
 """The one settings table: each row is a setting (its name, control, default, limits, label and help), and from the
 table come the page's controls, the API's parameter names and defaults, the checked RunRequest, and the tests'
-settings helper. Adding a setting is adding a row; the drafter kinds' options are rows made from their dataclasses."""
+settings helper. Adding a setting is adding a row; the sampling and speculation rows are made from the settings the
+config declares (config.setting), the drafter kinds' options from their dataclasses."""
 
 from __future__ import annotations
 
@@ -13,14 +14,7 @@ from typing import Any, Literal
 import gradio as gr
 import torch
 
-from specdemo.config import (
-    MAX_NUM_CANDIDATES,
-    MAX_NUM_DRAFT_TOKENS,
-    SamplingConfig,
-    SpeculativeConfig,
-    check_prompt,
-    whole_number,
-)
+from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, run_settings, whole_number
 from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_fields
 from specdemo.models.loading import (
     AUTO_DTYPE_HELP,
@@ -34,7 +28,8 @@ from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, custom_pair, find_pair, pa
 
 Control = Literal["dropdown", "textbox", "slider", "number", "checkbox", "radio"]
 CUSTOM = "custom"
-UI_MAX_NEW_TOKENS = 512  # the slider's end: a run stays well under a minute on a CPU
+RUN_SETTINGS = run_settings(SamplingConfig) | run_settings(SpeculativeConfig)  # name: (default, Setting)
+UI_MAX_NEW_TOKENS = int(RUN_SETTINGS["max_new_tokens"][1].shown[1])  # the slider's end, which the page enforces
 
 
 @dataclass(frozen=True)
@@ -84,6 +79,17 @@ def whole(name: str) -> Callable[[Any], int]:
     return lambda value: whole_number(name, value)
 
 
+def run_setting(name: str, control: Control, read_as: str = "", **place: Any) -> Field:
+    """A row made from a run setting as the config declares it: its default (or what the page shows for None), its
+    limits (or the slider's narrower ends), step and label; `read_as` names a whole number in the page's sentence;
+    `place`: where the page puts it."""
+    default, spec = RUN_SETTINGS[name]
+    low, high = spec.shown or (spec.low, spec.high)
+    shown_default = spec.shown_default if default is None else default
+    read = whole(read_as) if spec.whole else (lambda value: value)
+    return Field(name, control, shown_default, spec.label, low, high, spec.step, read=read, **place)
+
+
 def _option_rows() -> list[Field]:
     """The drafter kinds' options, one row each, shown for the kind the pair drafts with."""
     return [
@@ -125,59 +131,20 @@ RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, s
         elem_id="custom-draft",
         visible=False,
     ),
-    Field("temperature", "slider", 0.0, "Temperature (0 = greedy)", 0, 2, 0.05, section="sampling"),
-    Field("top_k", "number", 0, "Top-k (0 = off)", 0, None, 1, section="sampling", read=whole("top-k")),
-    Field("top_p", "slider", 1.0, "Top-p (1 = off)", 0.05, 1, 0.01, section="sampling"),
-    Field("repetition_penalty", "slider", 1.0, "Repetition penalty (1 = off)", 1, 2, 0.05, section="sampling"),
-    Field(
-        "draft_temperature",
-        "slider",
-        1.5,
-        "Draft temperature (the draft samples at its own)",
-        0,
-        2,
-        0.05,
-        visible=False,
-        section="sampling",
+    run_setting("temperature", "slider", section="sampling"),
+    run_setting("top_k", "number", "top-k", section="sampling"),
+    run_setting("top_p", "slider", section="sampling"),
+    run_setting("repetition_penalty", "slider", section="sampling"),
+    run_setting("draft_temperature", "slider", visible=False, section="sampling"),
+    run_setting(
+        "num_draft_tokens", "slider", "draft tokens per round", elem_id="num-draft-tokens", section="speculation"
     ),
-    Field(
-        "num_draft_tokens",
-        "slider",
-        SpeculativeConfig.num_draft_tokens,
-        "Draft tokens per round (γ; the most, for a cost-aware drafter)",
-        1,
-        MAX_NUM_DRAFT_TOKENS,
-        1,
-        elem_id="num-draft-tokens",
-        section="speculation",
-        read=whole("draft tokens per round"),
-    ),
-    Field(
-        "max_new_tokens",
-        "slider",
-        SpeculativeConfig.max_new_tokens,
-        "Max new tokens",
-        1,
-        UI_MAX_NEW_TOKENS,
-        1,
-        elem_id="max-new-tokens",
-        section="speculation",
-        read=whole("max new tokens"),
-    ),
-    Field("seed", "number", 0, "Seed", 0, None, 1, section="sampling", read=whole("seed")),
+    run_setting("max_new_tokens", "slider", "max new tokens", elem_id="max-new-tokens", section="speculation"),
+    run_setting("seed", "number", "seed", section="sampling"),
     Field("chat", "checkbox", True, "Apply the chat template", section="speculation", read=bool),
     Field("compare", "checkbox", True, "Then run the target alone, to compare", section="speculation", read=bool),
-    Field(
-        "num_candidates",
-        "slider",
-        1,
-        "Candidates per round (W): drafts the target checks together",
-        1,
-        MAX_NUM_CANDIDATES,
-        1,
-        elem_id="num-candidates",
-        section="speculation",
-        read=whole("candidates per round (W)"),
+    run_setting(
+        "num_candidates", "slider", "candidates per round (W)", elem_id="num-candidates", section="speculation"
     ),
     Field(
         "dtype",

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import gradio as gr
 
-from specdemo.app import audit_tab, batch_tab, one_prompt
 from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair, pair_draft_temperature
-from specdemo.app.lessons import LessonRow
-from specdemo.app.render import LEGEND_HTML
-from specdemo.app.runs import QUEUE_SIZE, RUN_CONCURRENCY, Server
-from specdemo.app.serving import end_session
-from specdemo.app.share import form_from_query, runs_on_open
+from specdemo.app.panels.lessons import LessonRow
+from specdemo.app.serving.handlers import end_session
+from specdemo.app.serving.runs import QUEUE_SIZE, RUN_CONCURRENCY, Server
+from specdemo.app.serving.share import form_from_query, runs_on_open
+from specdemo.app.tabs import audit, batch, one_prompt
+from specdemo.app.views.render import LEGEND_HTML, THEME_CSS
 from specdemo.engine.resources import bound_allocator_arenas
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR
@@ -63,7 +63,7 @@ def build_demo(
     with gr.Blocks(title="specdemo: speculative decoding, made visible", delete_cache=DELETE_CACHE) as demo:
         gr.HTML(
             HEADER,
-            css_template=one_prompt.THEME_CSS,
+            css_template=THEME_CSS,
             elem_id="header",
             head=PRESENTER_HEAD,
             js_on_load=PRESENTER_JS,
@@ -80,9 +80,9 @@ def build_demo(
                     with gr.Tab("One prompt", id="one"):
                         prompt = one_prompt.build_tab(server, settings, lessons)
                     with gr.Tab("Batch", id="batch"):
-                        batch_tab.build_tab(server, settings, one_prompt.THEME_CSS)
+                        batch.build_tab(server, settings)
                     with gr.Tab("Audit: is it lossless?", id="audit"):
-                        audit_tab.build_tab(server, lessons)
+                        audit.build_tab(server, lessons)
         settings["pair"].change(  # queue=False: the note changes at once, even while a run holds the queue's slot
             describe_pair,
             inputs=settings["pair"],
@@ -105,7 +105,7 @@ def build_demo(
             api_visibility="private",
         )
         opened.then(None, js=RUN_ON_OPEN_JS, api_visibility="private")
-        demo.unload(end_session)  # a closed tab stops its runs at once (serving.py)
+        demo.unload(end_session)  # a closed tab stops its runs at once (serving/handlers.py)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)  # explicit: ZeroGPU would default to 1
     calm_queue_polling(demo)
     demo.specdemo_server = server  # what the tests reach: the server's limits

@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 from functools import partial
 
-from specdemo.app.render import ansi_text, token_spans
+from specdemo.app.views.render import ansi_text, token_spans
 from specdemo.bench.prompts import MAX_PROMPTS_FILE_LINES, read_prompts_file
 from specdemo.cli.settings import CliSettings, add_pair_flags, add_run_flags, read_settings
 from specdemo.config import MAX_BATCH_SIZE, check_batch_size, check_prompt, check_prompt_fits

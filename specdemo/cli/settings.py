@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.config import MAX_NUM_CANDIDATES, SamplingConfig, SpeculativeConfig
+from specdemo.config import SamplingConfig, SpeculativeConfig, run_settings
 from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_fields
 from specdemo.models.loading import DTYPE_CHOICES, OFFLINE_DEFAULT, pick_device, resolve_dtype
 from specdemo.pairs import PAIRS, Pair, custom_pair, find_pair
@@ -33,24 +33,24 @@ def add_pair_flags(parser: argparse.ArgumentParser, default_pair: str | None = N
     )
 
 
+def flag(name: str) -> str:
+    """A setting's flag: `max_new_tokens` is --max-new-tokens."""
+    return "--" + name.replace("_", "-")
+
+
 def add_run_flags(parser: argparse.ArgumentParser, num_candidates: bool = True) -> None:
     """Sampling, speculation, every drafter kind's options, and the number format."""
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-draft-tokens", type=int, default=SpeculativeConfig.num_draft_tokens)
-    parser.add_argument("--max-new-tokens", type=int, default=SpeculativeConfig.max_new_tokens)
-    parser.add_argument("--draft-temperature", type=float, help="a draft model's own temperature (default: the pair's)")
-    if num_candidates:
-        parser.add_argument(
-            "--num-candidates", type=int, default=1, help=f"W: candidate drafts per round, 1..{MAX_NUM_CANDIDATES}"
+    for name, (default, spec) in (run_settings(SamplingConfig) | run_settings(SpeculativeConfig)).items():
+        if name == "num_candidates" and not num_candidates:
+            continue
+        shown = "" if default is None else f", default {default}"
+        parser.add_argument(  # checked by the config, with its sentence
+            flag(name), type=int if spec.whole else float, default=default, help=f"{spec.help}; {spec.limits()}{shown}"
         )
     for kind, spec in option_fields():  # one flag per option, made from the kind's options dataclass
         low, high = spec.metadata["low"], spec.metadata["high"]
         parser.add_argument(
-            f"--{spec.name.replace('_', '-')}",
+            flag(spec.name),
             type=int,
             help=f"{spec.metadata['help']}, {low:,}..{high:,} (default {spec.default:,}; --draft {kind.name})",
         )
@@ -83,7 +83,7 @@ def read_settings(args: argparse.Namespace) -> CliSettings:
         num_draft_tokens=args.num_draft_tokens,
         max_new_tokens=args.max_new_tokens,
         draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
-        num_candidates=getattr(args, "num_candidates", 1),  # bench gives its list of W apart
+        num_candidates=getattr(args, "num_candidates", SpeculativeConfig.num_candidates),  # bench: its list of W apart
     )
     given = {spec.name: (kind, getattr(args, spec.name)) for kind, spec in option_fields()}
     given = {name: (kind, value) for name, (kind, value) in given.items() if value is not None}

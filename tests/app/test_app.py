@@ -18,11 +18,12 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import specdemo.app.one_prompt as one_prompt
-from specdemo.app import batch_tab, page
+import specdemo.app.tabs.one_prompt as one_prompt
+from specdemo.app import page
 from specdemo.app.form import parse_request
-from specdemo.app.runs import Run, Server
-from specdemo.app.serving import Downloads
+from specdemo.app.serving.handlers import Downloads
+from specdemo.app.serving.runs import Run, Server
+from specdemo.app.tabs import batch
 from specdemo.cli.main import main
 from specdemo.core.stats import emitted_ids
 from specdemo.engine.decoding import autoregressive_generate
@@ -31,12 +32,14 @@ from specdemo.models.loading import chat_prompt_ids, native_bfloat16
 from specdemo.models.shared import ModelCache
 from tests.app_helpers import SPELLING, settings
 from tests.helpers import (
+    HANG_GUARD_SECONDS,
     STORY,
-    assert_engine_stops_within_a_second,
+    assert_stopped_runs_leave_at_the_next_round,
     count_rounds,
     make_round,
     trace_of,
     wait_for_rounds,
+    wait_until,
 )
 
 SETTING_NAMES = [*settings()]  # the /generate parameters, in the settings table's order
@@ -55,7 +58,8 @@ def direct_run(loaded, values: dict) -> Run:
     """A run of `values` on `loaded`, made as the page makes one, without the page."""
     request = parse_request(values.pop("prompt"), values)
     prompt_ids = chat_prompt_ids(loaded, request.prompt)[0].tolist()
-    return Run(request, loaded, None, [prompt_ids], Schedulers(), time.monotonic() + 60, threading.Event())
+    deadline = time.monotonic() + HANG_GUARD_SECONDS  # no budget ends a test's run
+    return Run(request, loaded, None, [prompt_ids], Schedulers(), deadline, threading.Event())
 
 
 def direct_server(loaded, folder) -> Server:
@@ -204,35 +208,35 @@ def test_a_greedy_difference_is_located_with_the_targets_top_two_there(offline_m
     assert 1 > divergence.top2_probs[0] >= divergence.top2_probs[1] > 0
 
 
-def test_stop_ends_the_generation_within_a_second(client, monkeypatch):
+def test_stop_ends_the_generation_at_the_next_round(client, monkeypatch):
     counter = count_rounds(monkeypatch)
     job = client.submit(**settings(STORY, max_new_tokens=400, compare=False), api_name="/generate")
     wait_for_rounds(counter, 3)
     job.cancel()
-    assert_engine_stops_within_a_second(counter, 400)
+    assert_stopped_runs_leave_at_the_next_round(counter)
     assert "tok-" in client.predict(**settings(max_new_tokens=8), api_name="/generate")[0]  # the next run works
 
 
 def test_a_slow_client_gets_the_whole_run_and_can_still_stop_it(client, monkeypatch, capsys):
+    counter = count_rounds(monkeypatch)
     sampled = {"temperature": 0.8, "top_p": 0.9, "seed": 11, "max_new_tokens": 32}
     job = client.submit(**settings(**sampled, compare=False), api_name="/generate")
     for number, _ in enumerate(job):
-        if number < 3:
-            time.sleep(2.0)  # a slow network or a paused tab: the run goes on meanwhile
+        if number == 0:  # a slow network or a paused tab: the client reads nothing more until the run has ended
+            wait_until(counter.all_left, "the run decoded to its end")
     assert (
         trace_of(job.outputs()[-1])["generated_token_ids"]
         == cli_run(capsys, SPELLING, **sampled)["generated_token_ids"]
     )
 
-    counter = count_rounds(monkeypatch)
     job = client.submit(**settings(STORY, max_new_tokens=400, compare=False), api_name="/generate")
-    wait_for_rounds(counter, 3)
-    time.sleep(2.0)  # the client reads nothing, then stops the run
+    wait_for_rounds(counter, counter.rounds + 3)
+    wait_for_rounds(counter, counter.rounds + 20)  # the client reads nothing while the run goes on, then stops it
     job.cancel()
-    assert_engine_stops_within_a_second(counter, 400)
+    assert_stopped_runs_leave_at_the_next_round(counter)
 
 
-def test_a_dropped_client_ends_the_engine_within_a_second(app, monkeypatch):
+def test_a_dropped_client_ends_the_engine_at_the_next_round(app, monkeypatch):
     counter = count_rounds(monkeypatch)
     dependencies = httpx.get(f"{app}config").json()["dependencies"]
     fn_index = next(d["id"] for d in dependencies if d.get("api_name") == "generate")
@@ -244,7 +248,7 @@ def test_a_dropped_client_ends_the_engine_within_a_second(app, monkeypatch):
             if "tok-" in line:
                 break
     # The connection is closed here, as when a tab is closed or a network drops.
-    assert_engine_stops_within_a_second(counter, 400)
+    assert_stopped_runs_leave_at_the_next_round(counter)
 
 
 def test_the_app_reproduces_the_cli_for_the_same_seed(client, capsys):
@@ -287,7 +291,7 @@ def test_the_batch_summary_names_the_lane_whose_rounds_were_the_batchs():
         [make_round(i, [7], 1 if i < 2 else 0, "resampled", 0.1) for i in range(3)],
         [make_round(0, [], 0, "bonus", 0.1), make_round(1, [], 0, "bonus", 0.1)],
     ]
-    summary = batch_tab.batch_summary(lanes, 13, 1.0, "float32")
+    summary = batch.batch_summary(lanes, 13, 1.0, "float32")
     assert "longest lane, lane 2: 3 target passes for 5 tokens" in summary, summary
 
 
@@ -342,8 +346,8 @@ def test_next_round_decodes_one_round_a_press_and_gives_the_tokens_of_the_same_r
     """The step view's Next round with nothing to step through decodes the form's run one round per press (the record
     growing by one, 'so far' while it goes on), and its rounds are those of the same run decoded whole, planned with
     the same pass costs."""
-    from specdemo.app import step_view
     from specdemo.app.form import names
+    from specdemo.app.panels import step_view
     from specdemo.engine.cost_watch import CostWatch
 
     # On a busy machine the cost watch may measure the costs again between the two runs (engine/cost_watch.py); other

@@ -1,4 +1,4 @@
-"""The Audit tab through /audit: the default audit passes, a planted bug fails, model mode is quick enough, bad input
+"""The Audit tab through /audit: the default audit passes, a planted bug fails, model mode's samples agree, bad input
 is one sentence, and Stop ends a model audit."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from specdemo.audit import MODEL_BATCH_ROWS
-from tests.helpers import assert_engine_stops_within_a_second, count_rounds, wait_for_rounds
+from tests.helpers import assert_stopped_runs_leave_at_the_next_round, count_rounds, wait_for_rounds, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +71,13 @@ def test_bad_audit_input_is_one_sentence(client, changes, message):
     assert message in str(caught.value), str(caught.value)[:300]
 
 
-def test_stop_ends_a_model_audit_within_a_second_and_the_app_keeps_serving(client, monkeypatch):
+def test_stop_ends_a_model_audit_at_the_next_round_and_the_app_keeps_serving(client, monkeypatch):
     counter = count_rounds(monkeypatch)
     job = client.submit(mode="model", num_samples=5_000, api_name="/audit")
     wait_for_rounds(counter, 3 * MODEL_BATCH_ROWS)
     job.cancel()
-    assert_engine_stops_within_a_second(counter, 4 * 5_000)
-    assert not [t for t in threading.enumerate() if t.name == "specdemo-audit"]
+    assert_stopped_runs_leave_at_the_next_round(counter)
+    audit_threads = [t for t in threading.enumerate() if t.name == "specdemo-audit"]
+    wait_until(lambda: not any(t.is_alive() for t in audit_threads), "the audit's thread ending")
     verdict, *_ = client.predict(num_samples=10_000, api_name="/audit")
     assert verdict.startswith("**Lossless")

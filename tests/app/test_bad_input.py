@@ -8,7 +8,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from specdemo.app.form import RUN_FIELDS
-from specdemo.app.one_prompt import check_run
+from specdemo.app.tabs.one_prompt import check_run
 from specdemo.cli.main import main
 from tests.app_helpers import settings
 

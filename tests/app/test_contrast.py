@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from specdemo.app.render import TOKEN_CSS
+from specdemo.app.views.render import TOKEN_CSS
 
 # The page's text and background where tokens are drawn (Gradio 6.31's default theme, read from the page by
 # tests/app/test_browser.py::test_the_token_colours_read_in_greyscale_and_the_themes_are_those_measured)

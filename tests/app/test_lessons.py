@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdemo.app.audit_tab import AUDIT_FIELDS, NAMES, parse_audit
 from specdemo.app.form import RUN_FIELDS, names, parse_request
-from specdemo.app.lessons import LESSONS, Lesson
+from specdemo.app.panels.lessons import LESSONS, Lesson
+from specdemo.app.tabs.audit import AUDIT_FIELDS, NAMES, parse_audit
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.key)

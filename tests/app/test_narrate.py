@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specdemo.app.narrate import round_sentence, round_sentences
+from specdemo.app.views.narrate import round_sentence, round_sentences
 from specdemo.core.planning import Plan
 from tests.helpers import make_round
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdemo.app.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
+from specdemo.app.views.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
 from tests.helpers import make_round
 
 ROUNDS = [

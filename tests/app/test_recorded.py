@@ -9,10 +9,10 @@ from datetime import date
 
 import pytest
 
-from specdemo.app import recorded, step_view
 from specdemo.app.form import parse_request
-from specdemo.app.recorded import RECORDED_FOLDER, RECORDINGS, choices, file_name, load, record
-from specdemo.app.replay import check_replay
+from specdemo.app.panels import recorded, step_view
+from specdemo.app.panels.recorded import RECORDED_FOLDER, RECORDINGS, choices, file_name, load, record
+from specdemo.app.views.replay import check_replay
 from specdemo.models.shared import ModelCache
 
 KEYS = [recording.key for recording in RECORDINGS]
@@ -71,7 +71,9 @@ def test_the_page_reads_recordings_without_a_model(monkeypatch):
 def test_an_unknown_or_unrecorded_run_is_refused_in_one_sentence(tmp_path):
     with pytest.raises(ValueError, match=r"^There is no recorded run 'nope': choose one of copying, "):
         load("nope")
-    with pytest.raises(ValueError, match=r"has not been recorded here: run `python -m specdemo.app.recorded --only"):
+    with pytest.raises(
+        ValueError, match=r"has not been recorded here: run `python -m specdemo.app.panels.recorded --only"
+    ):
         load(KEYS[0], folder=tmp_path)
     assert choices(tmp_path) == []  # the page lists what is there
 

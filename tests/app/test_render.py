@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specdemo.app.render import ANSI_STYLES, MAX_CANDIDATE_ROUNDS, ansi_text, candidates_html, html_spans, token_spans
-from specdemo.app.summary import (
+from specdemo.app.views.render import (
+    ANSI_STYLES,
+    MAX_CANDIDATE_ROUNDS,
+    ansi_text,
+    candidates_html,
+    html_spans,
+    token_spans,
+)
+from specdemo.app.views.summary import (
     Divergence,
     first_difference,
     greedy_check,

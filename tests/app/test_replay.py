@@ -9,8 +9,15 @@ import gradio as gr
 import pytest
 import torch
 
-from specdemo.app import step_view
-from specdemo.app.replay import REPLAY_FORMAT, check_replay, inspector_figure, replay_record, step_html, view_title
+from specdemo.app.panels import step_view
+from specdemo.app.views.replay import (
+    REPLAY_FORMAT,
+    check_replay,
+    inspector_figure,
+    replay_record,
+    step_html,
+    view_title,
+)
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters import ModelDrafter

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import psutil
@@ -18,38 +16,45 @@ import pytest
 import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
+from gradio_client.utils import Status
 
-import specdemo.app.one_prompt as one_prompt
+import specdemo.app.tabs.one_prompt as one_prompt
 import specdemo.engine.decoding
+import specdemo.engine.scheduler
+from benchmarks.load import (
+    BOUNDS,
+    CLIENTS,
+    NEW_TOKENS,
+    PROMPTS,
+    VARIANTS,
+    all_at_once,
+    client_runs,
+    load_figures,
+    load_plan,
+    one_at_a_time,
+)
+from benchmarks.load import main as load_benchmark
 from specdemo.app.form import parse_request
-from specdemo.app.runs import Run
+from specdemo.app.serving.runs import Run
 from specdemo.audit import MODEL_BATCH_ROWS
 from specdemo.drafters import SuffixDrafter
-from specdemo.engine.scheduler import IDLE_RELEASE_SECONDS, Schedulers
+from specdemo.engine.scheduler import Schedulers
 from specdemo.models.loading import chat_prompt_ids, native_bfloat16
 from specdemo.models.tree_cache import TreeCachedModel
-from tests.app_helpers import SPELLING, launched_app, settings
+from tests.app_helpers import launched_app, settings
 from tests.helpers import (
     GREEDY_PROMPTS,
+    HANG_GUARD_SECONDS,
     STORY,
-    assert_engine_stops_within_a_second,
     assert_equal_or_near_tie,
+    assert_stopped_runs_leave_at_the_next_round,
     count_rounds,
     trace_of,
     wait_for_rounds,
+    wait_until,
 )
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-PROMPTS = (SPELLING, "Write a short poem about the sea.")
-VARIANTS = (  # mixed greedy and sampled settings
-    {"temperature": 0.0},
-    {"temperature": 0.8, "top_p": 0.9},
-    {"temperature": 1.0, "top_k": 50},
-    {"temperature": 0.0, "repetition_penalty": 1.2},
-)
-NUM_CLIENTS, RUNS_PER_CLIENT, NEW_TOKENS = 8, 2, 32  # 48 gave a wall ratio of 0.34 against the 0.8 bound
-CLIENT_POLL_SECONDS = 0.02  # how often a test client looks for updates (a browser is not in this process)
-SHARED_WALL_BOUND = 0.8  # the load at once, against the same load one run at a time
 AUTO_IS_BFLOAT16 = native_bfloat16(torch.device("cpu"))  # --dtype auto's format here
 
 
@@ -58,100 +63,86 @@ def client(app) -> Client:
     return Client(app, verbose=False)
 
 
-def percentile(values: list[float], share: float) -> float:
-    return sorted(values)[min(len(values) - 1, round(share * (len(values) - 1)))]
+class IdleReleases:
+    """Whether the app has given what its runs freed back to the system since it last went idle (its last scheduler
+    let go): the release a timer makes IDLE_RELEASE_SECONDS later, watched for instead of slept through."""
+
+    def __init__(self, monkeypatch, schedulers: Schedulers) -> None:
+        self.schedulers = schedulers
+        self.lock = threading.Lock()
+        self.begun = self.ended = 0  # releases
+        self.forgetting = 0  # schedulers being let go now
+        self.begun_before_idle = 0  # releases begun before the app last went idle
+        forget, release = Schedulers._forget, specdemo.engine.scheduler.release_freed_memory
+
+        def forgetting(schedulers: Schedulers, key, scheduler) -> None:
+            with self.lock:
+                self.forgetting += 1
+                before = self.begun
+            try:
+                forget(schedulers, key, scheduler)
+            finally:
+                with self.lock:
+                    self.forgetting -= 1
+                    if schedulers is self.schedulers and not schedulers.active:
+                        self.begun_before_idle = before
+
+        def releasing() -> None:
+            with self.lock:
+                self.begun += 1
+            release()
+            with self.lock:
+                self.ended += 1
+
+        monkeypatch.setattr(Schedulers, "_forget", forgetting)
+        monkeypatch.setattr(specdemo.engine.scheduler, "release_freed_memory", releasing)
+
+    def wait(self) -> None:
+        def released() -> bool:
+            with self.lock:
+                idle = not self.forgetting and not self.schedulers.active
+                return idle and self.begun > self.begun_before_idle and self.ended == self.begun
+
+        wait_until(released, "the idle app giving freed memory back")
 
 
-def client_runs(app: str, steps: list[tuple]) -> list[dict]:
-    """One client's runs, one after the other: time to first token, total time, tokens and widest shared pass."""
-    own = Client(app, verbose=False)
-    results = []
-    for prompt, variant, seed in steps:
-        started = time.perf_counter()
-        options = {"seed": seed, "max_new_tokens": NEW_TOKENS, "compare": False, "dtype": "auto"}  # the default
-        job = own.submit(**settings(prompt, **variant, **options), api_name="/generate")
-        first_token = None
-        while not job.done():  # looked at every 20 ms: iterating the job would poll every 1 ms, as 8 threads here
-            outputs = job.outputs()
-            if first_token is None and outputs and "tok-" in outputs[-1][0]:
-                first_token = time.perf_counter() - started
-            time.sleep(CLIENT_POLL_SECONDS)
-        if first_token is None:  # an upper bound: the run ended between two looks
-            first_token = time.perf_counter() - started
-        trace = trace_of(job.outputs()[-1])
-        results.append(
-            {
-                "prompt": prompt,
-                "variant": variant,
-                "seed": seed,
-                "first_token": first_token,
-                "total": time.perf_counter() - started,
-                "ids": trace["generated_token_ids"],
-                "widest_pass": max(r["num_rows"] for r in trace["rounds"]),
-                "rounds_cut": sum(r["cut"] is not None for r in trace["rounds"]),
-            }
-        )
-    return results
-
-
-def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, offline_model):
-    """8 clients x 2 runs (mixed greedy and sampled, own seeds) in the default number format, first one at a time,
-    then all at once: the runs share passes, the load at once takes no longer than one at a time, first tokens come
-    early in the runs (p50 within half the median run, p95 within 0.7), every greedy run equals its run of the first
-    half (alone), token for token where the default is bfloat16 (batch-invariant passes) and else or at a near-tie,
-    and resident memory after the load stays within 10% of that after the first run."""
-    plan = [
-        (PROMPTS[(c + r) % 2], VARIANTS[(c + r) % 4], 100 * c + r)
-        for c in range(NUM_CLIENTS)
-        for r in range(RUNS_PER_CLIENT)
-    ]
-    client_runs(app, [(PROMPTS[0], VARIANTS[0], 0)])  # pays one-time costs
+def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, app_server, offline_model, monkeypatch):
+    """benchmarks/load.py's plan, 8 clients x 2 runs (mixed greedy and sampled, own seeds) in the default number
+    format, first one at a time, then all at once: the runs at once share passes and have drafts cut for them, a run
+    alone never does; every greedy run equals its run alone, token for token where the default is bfloat16
+    (batch-invariant passes) and else or at a near-tie; and resident memory, once the idle app has given back what
+    the runs freed, stays within 10% of that after the first run. How fast (first tokens early in a run, the load at
+    once quicker than one at a time) is the benchmark's to bound: `python -m benchmarks.load`. The figures, times
+    included, go to test-artifacts/load.json."""
+    releases = IdleReleases(monkeypatch, app_server.schedulers)
+    options = {"dtype": "auto"}  # the default
+    plan = load_plan()
+    client_runs(app, [(PROMPTS[0], VARIANTS[0], 0)], NEW_TOKENS, options)  # pays one-time costs
     rss_after_first = psutil.Process().memory_info().rss
-
-    started = time.perf_counter()
-    one_at_a_time = client_runs(app, plan)
-    sequential_wall = time.perf_counter() - started
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=NUM_CLIENTS) as pool:
-        steps = [plan[c * RUNS_PER_CLIENT : (c + 1) * RUNS_PER_CLIENT] for c in range(NUM_CLIENTS)]
-        results = [result for results in pool.map(partial(client_runs, app), steps) for result in results]
-    wall = time.perf_counter() - started
-    time.sleep(IDLE_RELEASE_SECONDS + 1.0)  # the app idle: what the runs freed has gone back to the system
+    alone, sequential_wall = one_at_a_time(app, plan, NEW_TOKENS, options)
+    results, wall = all_at_once(app, plan, CLIENTS, NEW_TOKENS, options)
+    releases.wait()
     rss_after_load = psutil.Process().memory_info().rss
 
-    assert len(results) == NUM_CLIENTS * RUNS_PER_CLIENT and all(r["ids"] for r in results)
+    assert len(results) == len(plan) and all(r["ids"] for r in results)
     assert max(r["widest_pass"] for r in results) >= 4, "the runs never shared a pass"
     assert sum(r["rounds_cut"] for r in results) > 0, "no shared pass cut a draft"
-    assert max(r["widest_pass"] for r in one_at_a_time) == 1, "a run of the first half shared a pass"
-    assert sum(r["rounds_cut"] for r in one_at_a_time) == 0, "a run alone had its draft cut"
+    assert max(r["widest_pass"] for r in alone) == 1, "a run of the first half shared a pass"
+    assert sum(r["rounds_cut"] for r in alone) == 0, "a run alone had its draft cut"
     identical, near_ties = 0, 0
-    for result, alone in zip(results, one_at_a_time, strict=True):  # the same plan, in the same order
-        assert (result["prompt"], result["seed"]) == (alone["prompt"], alone["seed"])
+    for result, by_itself in zip(results, alone, strict=True):  # the same plan, in the same order
+        assert (result["prompt"], result["seed"]) == (by_itself["prompt"], by_itself["seed"])
         if result["variant"].get("temperature", 0.0) == 0.0:
             if AUTO_IS_BFLOAT16:
-                assert result["ids"] == alone["ids"], f"seed {result['seed']}: another text under load"
+                assert result["ids"] == by_itself["ids"], f"seed {result['seed']}: another text under load"
                 identical += 1
                 continue
             prompt = chat_prompt_ids(offline_model, result["prompt"])[0].tolist()
             label = str(result["seed"])
-            equal = assert_equal_or_near_tie(offline_model.model, prompt, result["ids"], alone["ids"], label)
+            equal = assert_equal_or_near_tie(offline_model.model, prompt, result["ids"], by_itself["ids"], label)
             identical, near_ties = identical + equal, near_ties + (not equal)
-    first, total = [r["first_token"] for r in results], [r["total"] for r in results]
-    figures = {
-        "runs": len(results),
-        "clients": NUM_CLIENTS,
-        "new_tokens": NEW_TOKENS,
-        "wall_seconds": wall,
-        "one_at_a_time_wall_seconds": sequential_wall,
-        "wall_ratio": wall / sequential_wall,
-        "time_to_first_token_p50": statistics.median(first),
-        "time_to_first_token_p95": percentile(first, 0.95),
-        "one_at_a_time_first_token_p50": statistics.median(r["first_token"] for r in one_at_a_time),
-        "total_p50": statistics.median(total),
-        "total_p95": percentile(total, 0.95),
-        "widest_pass": max(r["widest_pass"] for r in results),
-        "rounds_cut": sum(r["rounds_cut"] for r in results),
+    figures = {"new_tokens": NEW_TOKENS, **load_figures(alone, sequential_wall, results, wall, CLIENTS)}
+    figures |= {
         "greedy_identical": identical,
         "greedy_near_ties": near_ties,
         "rss_after_first_run_mb": rss_after_first / 2**20,
@@ -160,19 +151,16 @@ def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, o
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "load.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures))
-    # A client of a crowded server sees its first token early in its run, not when the runs before it have ended: the
-    # median within half the median run, the 95th percentile within 0.7 of it, all from the load at once, so a slower
-    # machine or another job on it slows both sides. Seen (p50 first / p50 run, p95 first / p50 run): idle 0.22 and
-    # 0.27, 0.28 and 0.31; fresh clones with both cores busy 0.16 and 0.21, 0.18 and 0.44; a fast bfloat16 CI machine
-    # 0.26 and 0.32. A planted scheduler that admitted runs only into an empty batch gave 0.46 and 0.98 (busy), 0.51
-    # and 0.93 (idle). Bounds against the run alone broke on one machine or another (a fixed 8 s; half a run alone).
-    assert figures["time_to_first_token_p50"] <= 0.5 * figures["total_p50"], figures
-    assert figures["time_to_first_token_p95"] <= 0.7 * figures["total_p50"], figures
-    # The issue asks for 0.5; on this 2-core float32 CPU the measured ratio is 0.44-0.54 with drafts cut for shared
-    # passes, 0.66-0.89 before (README, "Many users, bad input, failures"): the bound leaves room for a slower machine.
-    assert wall <= SHARED_WALL_BOUND * sequential_wall, figures
     growth = rss_after_load - rss_after_first
     assert growth <= 0.10 * rss_after_first, f"resident memory grew {growth / 2**20:.0f} MB"
+
+
+def test_the_load_benchmark_runs_against_the_app(app, capsys):
+    """`python -m benchmarks.load --url` on a small plan against the test app: its figures, bounds and verdict (the
+    tiny-model runs of tests/bench/test_scripts.py would launch an app, loading and measuring the default pair)."""
+    figures = load_benchmark(["--url", app, "--clients", "2", "--runs", "1", "--new-tokens", "4"])
+    assert figures["runs"] == 2 and set(BOUNDS) <= set(figures) and figures["passes"] in (True, False)
+    assert "wall at once / one at a time" in capsys.readouterr().out
 
 
 def test_eight_greedy_clients_at_once_get_the_texts_they_get_alone(app, offline_model):
@@ -281,7 +269,7 @@ def test_a_failure_in_one_row_reaches_only_its_user(client, app, monkeypatch):
         **settings("Write a short poem about the sea.", temperature=0.8, max_new_tokens=40, compare=False),
         api_name="/generate",
     )
-    time.sleep(0.5)
+    wait_until(lambda: any("tok-" in str(update[0]) for update in other.outputs()), "the other run's first tokens")
     job = client.submit(**settings(temperature=1.0, seed=666, max_new_tokens=40, compare=False), api_name="/generate")
     with pytest.raises(AppError, match=r"The run failed \(RuntimeError: CUDA out of memory \(simulated\)\)"):
         job.result()
@@ -306,10 +294,7 @@ def test_running_out_of_device_memory_is_one_sentence_and_the_run_beside_it_goes
     other = Client(app, verbose=False).submit(
         **settings("Write a short poem about the sea.", max_new_tokens=60, compare=False), api_name="/generate"
     )
-    deadline = time.monotonic() + 60
-    while not any("tok-" in str(update[0]) for update in other.outputs()):  # it decodes: it has had a round
-        assert time.monotonic() < deadline, "the first run never streamed"
-        time.sleep(0.05)
+    wait_until(lambda: any("tok-" in str(update[0]) for update in other.outputs()), "the first run streaming")
     job = client.submit(**settings("Repeat: " + "sea " * 320, max_new_tokens=8, compare=False), api_name="/generate")
     sentence = r"This run needed more memory than the cpu device had \(.* GiB free\): lower max-new-tokens"
     with pytest.raises(AppError, match=sentence) as caught:
@@ -337,15 +322,24 @@ def test_a_failure_in_a_batch_is_one_sentence_and_the_app_keeps_serving(client, 
 
 
 def test_a_run_past_its_time_budget_stops_and_says_so(client, app_server, monkeypatch):
-    # 1.5 s: room for the first rounds on a loaded machine (at 0.5 s a full run once saw none), far from 300 tokens
-    monkeypatch.setattr(app_server, "budget_seconds", 1.5)
-    final = client.predict(**settings("Write a long story about the sea.", max_new_tokens=300), api_name="/generate")
-    assert "Stopped after 1.5 s, the time budget of one run" in final[1]
+    """The budget ends once the page has the run's first tokens (its deadline is moved to then, far before the clock's):
+    the run stops, says so, keeps its tokens and runs no comparison."""
+    counter = count_rounds(monkeypatch)
+    monkeypatch.setattr(app_server, "budget_seconds", HANG_GUARD_SECONDS)  # the clock never ends it
+    job = client.submit(**settings("Write a long story about the sea.", max_new_tokens=300), api_name="/generate")
+    wait_until(lambda: any("tok-" in str(update[0]) for update in job.outputs()), "the run's first tokens")
+    for run in counter.watched():
+        run.stream.deadline = time.monotonic()  # the budget ends here
+    final = job.result()
+    assert f"Stopped after {HANG_GUARD_SECONDS:g} s, the time budget of one run" in final[1]
     assert "target alone" not in final[1]  # no comparison against an unfinished run
     assert 0 < final[0].count("tok-") < 300
 
 
 def test_comparisons_honour_the_time_budget(offline_model, monkeypatch):
+    """The budget ends while the target alone decodes (its deadline moved to its first update): it stops and leaves
+    the engine at the next round, and the draft alone never starts."""
+    counter = count_rounds(monkeypatch)
     started: list[str] = []  # the comparisons submitted
     original = Run.submit
 
@@ -359,24 +353,24 @@ def test_comparisons_honour_the_time_budget(offline_model, monkeypatch):
     prompt_ids = chat_prompt_ids(offline_model, request.prompt)[0].tolist()
     draft = replace(offline_model)  # another LoadedModel, so the draft-alone comparison is planned too
 
-    def comparisons(seconds_left: float) -> tuple:
-        deadline = time.monotonic() + seconds_left
-        run = Run(request, offline_model, draft, [prompt_ids], Schedulers(), deadline, threading.Event())
-        updates = one_prompt.stream_comparisons(run, [], "", "")
+    deadline = time.monotonic() + HANG_GUARD_SECONDS  # the clock never ends it
+    run = Run(request, offline_model, draft, [prompt_ids], Schedulers(), deadline, threading.Event())
+    updates = one_prompt.stream_comparisons(run, [], "", "")
+    next(updates)  # the target alone decodes
+    for watched in counter.watched():
+        watched.stream.deadline = time.monotonic()  # the budget ends here
+    try:
         while True:
-            try:
-                next(updates)
-            except StopIteration as done:
-                return *done.value, time.monotonic() - deadline
-
-    alone, out_of_time, late = comparisons(seconds_left=1.0)
+            next(updates)
+    except StopIteration as done:
+        alone, out_of_time = done.value
     assert out_of_time and alone == {}
     assert started == ["target alone"], "a comparison started after the budget"
-    assert late < 1.0, f"the running comparison went on {late:.2f} s past the budget"  # within a second, as Stop
+    assert_stopped_runs_leave_at_the_next_round(counter)  # the running comparison, as Stop ends a run
 
 
 def test_limits_are_shown_on_the_page(app):
-    with urllib.request.urlopen(f"{app}config", timeout=10) as response:
+    with urllib.request.urlopen(f"{app}config", timeout=HANG_GUARD_SECONDS) as response:
         config = response.read().decode()
     assert one_prompt.LIMITS in json.loads(config)["components"].__repr__()
     assert (
@@ -386,26 +380,29 @@ def test_limits_are_shown_on_the_page(app):
     )
 
 
-def test_a_full_queue_answers_at_once_instead_of_hanging(offline_model, monkeypatch):
+def test_a_full_queue_answers_at_once_instead_of_hanging(offline_model):
+    """One run decoding and one waiting in the queue's only place: a third request is refused while both are still
+    there, rather than served or refused once a place frees up."""
     with launched_app(offline_model, queue_size=1, run_concurrency=1) as (url, _):
         clients = [Client(url, verbose=False) for _ in range(3)]
-        long_run = settings("Write a long story about the sea.", max_new_tokens=200, compare=False)
+        long_run = settings("Write a long story about the sea.", max_new_tokens=512, compare=False)
         running = clients[0].submit(**long_run, api_name="/generate")  # takes the one run slot
-        time.sleep(1.0)
+        wait_until(lambda: any("tok-" in str(update[0]) for update in running.outputs()), "the first run decoding")
         waiting = clients[1].submit(**long_run, api_name="/generate")  # takes the one waiting place
-        time.sleep(0.5)
-        started = time.perf_counter()
+        wait_until(lambda: waiting.status().code == Status.IN_QUEUE, "the second run waiting in the queue")
         with pytest.raises(Exception, match="Queue is full"):
             clients[2].predict(**settings(max_new_tokens=4), api_name="/generate")
-        assert time.perf_counter() - started < 5
+        assert not running.done(), "the refusal came after the first run ended"
+        assert waiting.status().code == Status.IN_QUEUE, "the refusal came after the second run left the queue"
         running.cancel()
         waiting.cancel()
 
 
-def test_stop_ends_a_run_and_an_audit_within_a_second_while_others_load_the_app(app, client, monkeypatch):
+def test_stop_ends_a_run_and_an_audit_at_the_next_round_while_others_load_the_app(app, client, monkeypatch):
     """Four clients keep the app busy; a run with the suffix pair (a scheduler of its own, so its rounds are counted
-    apart) and a model audit are cancelled, and each stops decoding within a second. Before, Gradio could close a
-    cancelled handler only between two of its steps, and on a busy app a cancelled audit decoded on for seconds."""
+    apart) and a model audit are cancelled, and each leaves the engine after at most the step that began as it was
+    stopped. Before, Gradio could close a cancelled handler only between two of its steps, and on a busy app a
+    cancelled audit decoded on for seconds."""
     suffix = count_rounds(monkeypatch, lambda decoder: isinstance(decoder.drafter, SuffixDrafter))
     load = [
         Client(app, verbose=False).submit(
@@ -417,13 +414,13 @@ def test_stop_ends_a_run_and_an_audit_within_a_second_while_others_load_the_app(
         job = client.submit(**settings(STORY, pair="smollm2-135m-suffix", max_new_tokens=400), api_name="/generate")
         wait_for_rounds(suffix, 3)
         job.cancel()
-        assert_engine_stops_within_a_second(suffix, 400)
+        assert_stopped_runs_leave_at_the_next_round(suffix)
         monkeypatch.undo()
         audit = count_rounds(monkeypatch, lambda decoder: decoder.costs is None)  # a scheduler's decoders have costs
         job = client.submit(mode="model", num_samples=5_000, api_name="/audit")
         wait_for_rounds(audit, 3 * MODEL_BATCH_ROWS)
         job.cancel()
-        assert_engine_stops_within_a_second(audit, 4 * 5_000)
+        assert_stopped_runs_leave_at_the_next_round(audit)
     finally:
         for job in load:
             job.cancel()

@@ -5,8 +5,8 @@ import inspect
 import threading
 from types import SimpleNamespace
 
-from specdemo.app import serving
-from specdemo.app.serving import end_session, stop_signal, stoppable
+from specdemo.app.serving import handlers
+from specdemo.app.serving.handlers import end_session, stop_signal, stoppable
 
 
 def test_a_closed_tab_stops_its_own_runs_and_no_other_tabs():
@@ -34,4 +34,4 @@ def test_a_closed_tab_stops_its_own_runs_and_no_other_tabs():
         assert all(stop.is_set() for stop in stops)  # a closed handler stops its steps too
 
     asyncio.run(run())
-    assert not serving._running  # ended runs are forgotten: a Space up for weeks keeps no stop events
+    assert not handlers._running  # ended runs are forgotten: a Space up for weeks keeps no stop events

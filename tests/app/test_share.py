@@ -3,7 +3,7 @@ left out with a sentence, and only a cheap offline run re-runs by itself."""
 
 from __future__ import annotations
 
-from specdemo.app.share import form_from_query, link_js, runs_on_open
+from specdemo.app.serving.share import form_from_query, link_js, runs_on_open
 
 
 def test_a_links_settings_come_back_as_the_form_holds_them():

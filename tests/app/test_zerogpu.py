@@ -22,16 +22,16 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from specdemo.app.form import defaults, parse_request
-from specdemo.app.runs import call_seconds
-from specdemo.app.zerogpu import ON_ZEROGPU, run_seconds
+from specdemo.app.serving.runs import call_seconds
+from specdemo.app.serving.zerogpu import ON_ZEROGPU, run_seconds
 from specdemo.models.platform import on_zerogpu
 from tests.app.test_browser import ARTIFACTS, CHROMIUM, RUN_ENDS_MS, browser, open_page  # noqa: F401 - a fixture
 from tests.app_helpers import settings
+from tests.helpers import HANG_GUARD_SECONDS, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = "smollm2-135m-suffix"  # and the default pair, the offline model's: no Hub here
 STORY = "Write a long story about a dragon who learns to sing."
-STARTS_SECONDS = 300  # how long the Space may take to load its pairs before a test gives up (a busy machine)
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def space(offline_model):
     with open(folder / "output.txt", "w") as output:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output, start_new_session=True)
     try:
-        url = wait_for(log, lambda call: call["call"] == "ready", STARTS_SECONDS, process)["url"]
+        url = wait_for(log, lambda call: call["call"] == "ready", process)["url"]
         yield url, log
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # the Space and every worker it forked
@@ -66,8 +66,10 @@ def calls(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def wait_for(log: Path, matches, seconds: float, process=None, after: int = 0) -> dict:
-    """The first call in the log past the first `after` that `matches`; fails after `seconds` (a hang, not speed)."""
+def wait_for(log: Path, matches, process=None, after: int = 0) -> dict:
+    """The first call in the log past the first `after` that `matches`; fails after HANG_GUARD_SECONDS (a hang, not
+    speed)."""
+    seconds = HANG_GUARD_SECONDS
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         found = [call for call in calls(log)[after:] if matches(call)]
@@ -75,7 +77,7 @@ def wait_for(log: Path, matches, seconds: float, process=None, after: int = 0) -
             return found[0]
         assert process is None or process.poll() is None, "the Space's process ended"
         time.sleep(0.1)
-    raise AssertionError(f"nothing in the log matched within {seconds} s: {calls(log)[after:]}")
+    raise AssertionError(f"hang guard: nothing in the log matched within {seconds} s: {calls(log)[after:]}")
 
 
 def test_a_run_is_a_call_in_spaces_worker_streamed_back_and_lent_for_its_settings(space):
@@ -101,14 +103,12 @@ def test_stop_closes_the_run_in_spaces_worker(space):
     before = len(calls(log))
     values = settings(STORY, pair="smollm2-135m-suffix", dtype="auto", max_new_tokens=400, compare=False)
     job = Client(url, verbose=False).submit(**values, api_name="/generate")
-    deadline = time.monotonic() + RUN_ENDS_MS / 1000
-    while len(job.outputs()) < 3 and not job.done() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(job.outputs()) >= 3 or job.done(), "the run's first updates")
     assert not job.done(), job.exception()  # a run of 400 tokens was streaming when Stop came
     cancelled = time.time()
     job.cancel()
-    run = wait_for(log, lambda call: call["call"] == "run", RUN_ENDS_MS / 1000, after=before)
-    release = wait_for(log, lambda call: call["call"] == "release", RUN_ENDS_MS / 1000, after=before)
+    run = wait_for(log, lambda call: call["call"] == "run", after=before)
+    release = wait_for(log, lambda call: call["call"] == "release", after=before)
     assert run["ended"] == "closed", run  # spaces' stop event closed the steps: they did not run to their end
     assert not release["fail"]
     print(f"the worker closed the run {run['time'] - cancelled:.2f} s after the cancel, after {run['updates']} updates")

@@ -60,7 +60,7 @@ client.allow = lambda allow_token: log(call="allow")
 client.release = lambda allow_token, fail=False, allow_404=False: log(call="release", fail=fail)
 client.startup_report = lambda: log(call="startup_report")
 
-import specdemo.app.one_prompt as one_prompt  # noqa: E402
+import specdemo.app.tabs.one_prompt as one_prompt  # noqa: E402
 
 stream_run = one_prompt.stream_run
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdemo.app.summary import summary_markdown
+from specdemo.app.views.summary import summary_markdown
 from specdemo.core.planning import Plan
 from specdemo.core.stats import (
     compare_runs,

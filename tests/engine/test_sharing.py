@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdemo.app.summary import cut_note
+from specdemo.app.views.summary import cut_note
 from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import BatchCosts, plan_shared_pass

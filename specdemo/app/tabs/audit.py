@@ -13,14 +13,14 @@ import gradio as gr
 import torch
 
 from specdemo.app.form import RUN_FIELDS, Field, by_name, signature, whole
-from specdemo.app.lessons import LessonRow
-from specdemo.app.messages import user_error
-from specdemo.app.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
-from specdemo.app.runs import Server, check_values, decode_fn, read_values
-from specdemo.app.serving import stop_signal, stoppable, wait_until
-from specdemo.app.zerogpu import MIN_SECONDS, decoding_seconds, gpu_function
+from specdemo.app.panels.lessons import LessonRow
+from specdemo.app.serving.handlers import stop_signal, stoppable, wait_until
+from specdemo.app.serving.messages import user_error
+from specdemo.app.serving.runs import Server, check_values, decode_fn, read_values
+from specdemo.app.serving.zerogpu import MIN_SECONDS, decoding_seconds, gpu_function
+from specdemo.app.views.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
 from specdemo.audit import BUGS, MODEL_BATCH_ROWS, TOY_PRESETS, model_audit, parse_weights, toy_audit
-from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt
+from specdemo.config import MAX_NUM_CANDIDATES, SamplingConfig, SpeculativeConfig, check_prompt
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.models.loading import chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, find_pair, load_pair, make_drafter
@@ -124,7 +124,7 @@ AUDIT_FIELDS: list[Field] = [  # the /audit API's order
         by_name(RUN_FIELDS, "num_candidates"),
         label="Candidates per round (W)",
         elem_id=None,
-        read=in_range("candidates per round (W)", 1, 8),
+        read=in_range("candidates per round (W)", 1, MAX_NUM_CANDIDATES),
     ),
     Field("prompt", "textbox", DEFAULT_PROMPT, "Prompt", elem_id="audit-prompt", section="model"),
     Field(

@@ -336,3 +336,4 @@ LANES_CSS = """
 .lane-head { font-size: 0.9em; margin-bottom: 4px; }
 .lane-figures { float: right; opacity: .75; }
 """
+THEME_CSS = TOKEN_CSS + CANDIDATES_CSS + LANES_CSS  # every token view's style: a run, its candidates, a batch

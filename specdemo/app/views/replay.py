@@ -10,9 +10,9 @@ from dataclasses import asdict
 
 import plotly.graph_objects as go
 
-from specdemo.app.narrate import round_sentence
-from specdemo.app.plots import COLOURS, plain_figure
-from specdemo.app.render import Decode, TokenSpan, html_spans, round_spans, token_text
+from specdemo.app.views.narrate import round_sentence
+from specdemo.app.views.plots import COLOURS, plain_figure
+from specdemo.app.views.render import Decode, TokenSpan, html_spans, round_spans, token_text
 from specdemo.core.rounds import Round
 
 REPLAY_FORMAT = 1  # bumped when the record's shape changes; a trace of another format is refused in one sentence

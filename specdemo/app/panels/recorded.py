@@ -1,5 +1,6 @@
 """Runs recorded beforehand, for a visitor with no GPU quota left: a manifest of a few runs, the command that decodes
-and writes them (`python -m specdemo.app.recorded`), and what the step view reads back, with no model and no GPU."""
+and writes them (`python -m specdemo.app.panels.recorded`), and what the step view reads back, with no model
+and no GPU."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from typing import Any
 import torch
 
 from specdemo.app.form import RunRequest, defaults, parse_request
-from specdemo.app.lessons import POEM, SKY, SPELLING
-from specdemo.app.replay import check_replay
-from specdemo.app.runs import trace_record
+from specdemo.app.panels.lessons import POEM, SKY, SPELLING
+from specdemo.app.serving.runs import trace_record
+from specdemo.app.views.replay import check_replay
 from specdemo.config import check_prompt_fits
 from specdemo.core.rounds import Round
 from specdemo.engine.decoding import speculative_generate
@@ -134,7 +135,7 @@ def _read(key: str, folder: Path) -> dict:
     path = folder / file_name(recording.key)
     if not path.is_file():
         raise ValueError(
-            f"The run '{key}' has not been recorded here: run `python -m specdemo.app.recorded --only {key}`."
+            f"The run '{key}' has not been recorded here: run `python -m specdemo.app.panels.recorded --only {key}`."
         )
     return json.loads(path.read_text())
 
@@ -155,7 +156,7 @@ def load(key: str, folder: Path = RECORDED_FOLDER) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specdemo.app.recorded", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m specdemo.app.panels.recorded", description=__doc__)
     parser.add_argument("--out", type=Path, default=RECORDED_FOLDER, help="the folder (default: beside this module)")
     parser.add_argument("--only", choices=list(RECORDINGS_BY_KEY), action="append", help="record this one (repeat)")
     args = parser.parse_args(argv)

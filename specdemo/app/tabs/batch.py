@@ -12,11 +12,10 @@ from functools import partial
 import gradio as gr
 
 from specdemo.app.form import RUN_FIELDS, names, parse_request, signature
-from specdemo.app.messages import user_error
-from specdemo.app.one_prompt import CHART_INTERVAL_SECONDS
-from specdemo.app.plots import batch_sweep_figure, candidates_sweep_figure
-from specdemo.app.render import lanes_html
-from specdemo.app.runs import (
+from specdemo.app.serving.handlers import stop_signal, stoppable
+from specdemo.app.serving.messages import user_error
+from specdemo.app.serving.runs import (
+    CHART_INTERVAL_SECONDS,
     Run,
     Server,
     decode_fn,
@@ -26,8 +25,9 @@ from specdemo.app.runs import (
     stopped_summary,
     sweep_caption,
 )
-from specdemo.app.serving import stop_signal, stoppable
-from specdemo.app.zerogpu import gpu_function
+from specdemo.app.serving.zerogpu import gpu_function
+from specdemo.app.views.plots import batch_sweep_figure, candidates_sweep_figure
+from specdemo.app.views.render import THEME_CSS, lanes_html
 from specdemo.config import check_prompt
 from specdemo.core.rounds import Round
 from specdemo.core.stats import emitted_ids, run_stats
@@ -44,7 +44,7 @@ BATCH_EXAMPLE = "\n".join(
 PROMPTS = inspect.Parameter("prompts", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str | list[str])
 
 
-def build_tab(server: Server, settings: dict[str, gr.components.Component], css: str) -> None:
+def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> None:
     """The tab's prompts box, buttons, lanes, summary and sweep charts, and its events (/generate_batch)."""
     prompts = gr.Textbox(
         lines=6,
@@ -57,7 +57,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], css:
         gr.Button("Example set", elem_id="batch-example").click(
             lambda: BATCH_EXAMPLE, outputs=prompts, queue=False, api_visibility="private"
         )
-    lanes = gr.HTML("", css_template=css, elem_id="batch-lanes")
+    lanes = gr.HTML("", css_template=THEME_CSS, elem_id="batch-lanes")
     summary = gr.Markdown(elem_id="batch-summary")
     results = gr.JSON(visible=False)
     with gr.Row():

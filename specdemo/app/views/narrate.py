@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdemo.app.render import Decode, token_text
+from specdemo.app.views.render import Decode, token_text
 from specdemo.core.rounds import Round
 
 NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
@@ -44,24 +44,9 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int], gr
     next_text = None
     if round_.next_token_id is not None:
         next_text = repr(token_text(decode, [*context_ids, *drafted[: round_.num_accepted]], round_.next_token_id))
-    width = len(round_.candidates)
     if not drafted:
-        offered = round_.plan.available_tokens if round_.plan is not None else 0
-        why = (
-            f"The drafter had {_count(offered, 'token')} to offer but expected drafting to lose here, so nothing was "
-            "drafted."
-            if offered
-            else "Nothing was drafted: the drafter had nothing to propose."
-        )
-        drew = f": its argmax {next_text}" if greedy else f" and drew {next_text} from its own p"
-        took = drew if next_text else ", and the run ended"
-        return f"{why} The target took one plain step{took}."
-    proposed = f"The draft proposed {_count(len(drafted), 'token')}."
-    if width > 1:
-        proposed = (
-            f"The drafter proposed {_count(width, 'candidate')}; the target followed candidate {round_.path + 1}, "
-            f"which proposed {_count(len(drafted), 'token')}."
-        )
+        return _plain_step(round_, next_text, greedy)
+    proposed = _proposed(round_)
     parts = []
     if accepted:
         parts.append(f"accepted {_listing(accepted)}")
@@ -88,6 +73,32 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int], gr
         f"{proposed} The target accepted {everything}: {_listing(accepted)}, and the same pass gave the bonus token "
         f"{next_text}{', its argmax' if greedy else ' from its own p'}."
     )
+
+
+def _plain_step(round_: Round, next_text: str | None, greedy: bool) -> str:
+    """A round that drafted nothing: why (the drafter had nothing, or expected drafting to lose), and the target's
+    one step."""
+    offered = round_.plan.available_tokens if round_.plan is not None else 0
+    why = (
+        f"The drafter had {_count(offered, 'token')} to offer but expected drafting to lose here, so nothing was "
+        "drafted."
+        if offered
+        else "Nothing was drafted: the drafter had nothing to propose."
+    )
+    drew = f": its argmax {next_text}" if greedy else f" and drew {next_text} from its own p"
+    took = drew if next_text else ", and the run ended"
+    return f"{why} The target took one plain step{took}."
+
+
+def _proposed(round_: Round) -> str:
+    """The round's first sentence: how many tokens the draft proposed, and with W > 1 which candidate was followed."""
+    drafted, width = round_.draft_token_ids, len(round_.candidates)
+    if width > 1:
+        return (
+            f"The drafter proposed {_count(width, 'candidate')}; the target followed candidate {round_.path + 1}, "
+            f"which proposed {_count(len(drafted), 'token')}."
+        )
+    return f"The draft proposed {_count(len(drafted), 'token')}."
 
 
 def round_sentences(rounds: Sequence[Round], decode: Decode, prompt_ids: Sequence[int]) -> list[str]:

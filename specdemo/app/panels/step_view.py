@@ -13,12 +13,12 @@ from pathlib import Path
 
 import gradio as gr
 
-from specdemo.app import recorded
 from specdemo.app.form import names
-from specdemo.app.messages import user_error
-from specdemo.app.replay import check_replay, inspector_figure, step_html, step_sentence, view_title
-from specdemo.app.runs import Server, Stepper, read_values, requested_seconds
-from specdemo.app.zerogpu import ON_ZEROGPU, gpu_function
+from specdemo.app.panels import recorded
+from specdemo.app.serving.messages import user_error
+from specdemo.app.serving.runs import Server, Stepper, read_values, requested_seconds
+from specdemo.app.serving.zerogpu import ON_ZEROGPU, gpu_function
+from specdemo.app.views.replay import check_replay, inspector_figure, step_html, step_sentence, view_title
 
 MAX_TRACE_BYTES = 20_000_000  # a 512-token run's trace is about 1 MB
 STEPPER_SECONDS = 900  # a run decoded round by round is let go this long after its last press (or when the tab goes)
@@ -137,7 +137,7 @@ def from_upload(path: str | None) -> tuple:
 
 
 def from_recording(key: str | None) -> tuple:
-    """A run recorded beforehand (specdemo/app/recorded.py), its label saying on which device and when."""
+    """A run recorded beforehand (specdemo/app/panels/recorded.py), its label saying on which device and when."""
     if not key:
         return tuple(gr.skip() for _ in range(7))
     try:

@@ -6,35 +6,19 @@ from __future__ import annotations
 import html
 import inspect
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from functools import partial
 
 import gradio as gr
 import torch
 
-from specdemo.app import step_view
 from specdemo.app.form import RUN_FIELDS, UI_MAX_NEW_TOKENS, names, parse_request, signature
-from specdemo.app.lessons import LessonRow
-from specdemo.app.messages import user_error
-from specdemo.app.plots import (
-    acceptance_figure,
-    candidates_sweep_figure,
-    latency_figure,
-    positions_figure,
-    throughput_figure,
-    waiting,
-)
-from specdemo.app.render import (
-    CANDIDATES_CSS,
-    LANES_CSS,
-    TOKEN_CSS,
-    alone_html,
-    candidates_html,
-    html_spans,
-    round_spans,
-    token_text,
-)
-from specdemo.app.runs import (
+from specdemo.app.panels import step_view
+from specdemo.app.panels.lessons import LessonRow
+from specdemo.app.serving.handlers import stop_signal, stoppable
+from specdemo.app.serving.messages import user_error
+from specdemo.app.serving.runs import (
+    CHART_INTERVAL_SECONDS,
     QUEUE_SIZE,
     RUN_CONCURRENCY,
     RUN_TIME_BUDGET_SECONDS,
@@ -49,9 +33,18 @@ from specdemo.app.runs import (
     sweep_caption,
     trace_record,
 )
-from specdemo.app.serving import stop_signal, stoppable
-from specdemo.app.share import link_js
-from specdemo.app.summary import (
+from specdemo.app.serving.share import link_js
+from specdemo.app.serving.zerogpu import gpu_function
+from specdemo.app.views.plots import candidates_sweep_figure, latency_figure, run_charts, throughput_figure, waiting
+from specdemo.app.views.render import (
+    THEME_CSS,
+    alone_html,
+    candidates_html,
+    html_spans,
+    round_spans,
+    token_text,
+)
+from specdemo.app.views.summary import (
     HEADLINE_CSS,
     Divergence,
     cut_note,
@@ -60,7 +53,6 @@ from specdemo.app.summary import (
     sharing_note,
     summary_markdown,
 )
-from specdemo.app.zerogpu import gpu_function
 from specdemo.config import MAX_NUM_DRAFT_TOKENS, MAX_PROMPT_CHARACTERS, MAX_PROMPT_TOKENS, SpeculativeConfig
 from specdemo.core.rounds import Round
 from specdemo.core.sampling import penalised_scores
@@ -69,12 +61,7 @@ from specdemo.engine.resources import openmp_workers_released
 from specdemo.engine.scheduler import DecodeRequest
 from specdemo.pairs import DEFAULT_PAIR
 
-CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~3 ms to build four): at most 2 updates a second, shared
-# by the rows of a batch (each of 8 rows' pages gets one every 4 s), as are the tokens' updates. The target alone
-# redraws the two charts it changes twice as often, so both timed runs load a browser on the server's cores alike
-# (`make demo` on a laptop): plotly is most of the page's script time.
 TOKENS_INTERVAL_SECONDS = 0.1  # tokens stream in batches of rounds, so the page's work never slows the engine
-THEME_CSS = TOKEN_CSS + CANDIDATES_CSS + LANES_CSS
 LIMITS = (
     f"Limits: a prompt of up to {MAX_PROMPT_TOKENS:,} tokens ({MAX_PROMPT_CHARACTERS:,} characters), up to "
     f"{UI_MAX_NEW_TOKENS} new tokens, up to {MAX_NUM_DRAFT_TOKENS} draft tokens per round, "
@@ -104,6 +91,26 @@ PROMPT = inspect.Parameter("prompt", inspect.Parameter.POSITIONAL_OR_KEYWORD, an
 def build_tab(server: Server, settings: dict[str, gr.components.Component], lessons: LessonRow) -> gr.Textbox:
     """The tab's prompt, buttons, tokens, summary and charts, and its events (/generate, and the lessons' runs);
     returns the prompt."""
+    prompt, run, stop, copy_link, link = prompt_row(settings)
+    outputs, candidates_box = run_outputs(server)
+    tokens, summary, trace = outputs[0], outputs[1], outputs[6]
+    inputs = [prompt, *settings.values()]
+    steps = gpu_function(partial(run_steps, server), partial(requested_seconds, "prompt"))  # a ZeroGPU call each
+    events = wire_runs(server, steps, inputs, outputs, [run.click, prompt.submit])
+    events += wire_lessons(server, steps, inputs, outputs, lessons, candidates_box)
+    step_view.build(server, trace, tokens, events, THEME_CSS, inputs)
+    copy_link.click(None, inputs=inputs, outputs=link, js=link_js(), api_visibility="private")
+    copy_link.click(lambda: gr.update(visible=True), outputs=link, queue=False, api_visibility="private")
+    # The note comes after the cancel, so no update of the stopped run that was already on its way overwrites it.
+    stop.click(None, cancels=events, api_visibility="private").then(
+        stopped_summary, inputs=summary, outputs=summary, queue=False, api_visibility="private"
+    )
+    return prompt
+
+
+def prompt_row(settings: dict[str, gr.components.Component]) -> tuple:
+    """The prompt, the Run, Stop and Copy link buttons, the link box, the limits and the examples: (prompt, run, stop,
+    copy_link, link)."""
     prompt = gr.Textbox(
         lines=5,
         label="Prompt",
@@ -123,6 +130,12 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
     gr.Markdown(LIMITS, elem_id="limits")
     with gr.Column(elem_id="examples"):
         gr.Examples(EXAMPLES, inputs=[prompt, settings["pair"], settings["temperature"]], cache_examples=False)
+    return prompt, run, stop, copy_link, link
+
+
+def run_outputs(server: Server) -> tuple[list[gr.components.Component], gr.Accordion]:
+    """What a run fills, laid out (the headline, the tokens, the summary, the four charts, the candidates and the
+    trace), in the order run_steps yields them; and the candidates' accordion."""
     headline = gr.HTML("", css_template=HEADLINE_CSS, elem_id="headline")
     tokens = gr.HTML(
         "",
@@ -134,7 +147,7 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
         js_on_load=step_view.INSPECT_JS,
     )
     summary = gr.Markdown(elem_id="summary")
-    empty = [waiting(figure) for figure in charts([], SpeculativeConfig().num_draft_tokens)]
+    empty = [waiting(figure) for figure in run_charts([], SpeculativeConfig().num_draft_tokens)]
     with gr.Row():
         acceptance = gr.Plot(empty[0], elem_id="acceptance-chart", show_label=False)
         latency = gr.Plot(empty[1], elem_id="latency-chart", show_label=False)
@@ -147,16 +160,20 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
             gr.Plot(candidates_sweep_figure(server.sweep), elem_id="candidates-chart", show_label=False)
             gr.Markdown(sweep_caption(server.sweep, "candidates"))
     trace = gr.DownloadButton("Download the trace (JSON)", visible=False, elem_id="trace")
-    inputs = [prompt, *settings.values()]
-    outputs = [tokens, summary, acceptance, latency, positions, throughput, trace, candidates, headline]
-    steps = gpu_function(partial(run_steps, server), partial(requested_seconds, "prompt"))  # a ZeroGPU call each
+    return [tokens, summary, acceptance, latency, positions, throughput, trace, candidates, headline], candidates_box
+
+
+def wire_runs(
+    server: Server, steps: Callable[..., Iterator[tuple]], inputs: list, outputs: list, triggers: list
+) -> list:
+    """Run's click (/generate) and the prompt's Enter: each checks the form, then runs `steps`; returns the runs."""
     handler = stoppable(steps, signature([PROMPT], RUN_FIELDS), "generate", run_steps.__doc__)
     check = check_values(["prompt", *names()], partial(check_run, server=server))
     # preprocess=False: the handler checks the raw values itself, so every refusal names its setting (Gradio's own
     # range check says only "Value -1.0 is less than minimum value 0."). The check comes first, in an event with no
     # outputs, so a refusal is a message and the last run's tokens and charts stay; /generate checks again.
     events = []
-    for trigger in (run.click, prompt.submit):
+    for trigger in triggers:
         checked = trigger(check, inputs=inputs, outputs=None, preprocess=False, api_visibility="private")
         events.append(
             checked.success(
@@ -166,9 +183,22 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
                 concurrency_limit=server.run_concurrency,
                 concurrency_id="generate",  # Run, Enter and the batch share the run slots
                 preprocess=False,
-                api_name="generate" if trigger == run.click else False,
+                api_name="generate" if trigger == triggers[0] else False,
             )
         )
+    return events
+
+
+def wire_lessons(
+    server: Server,
+    steps: Callable[..., Iterator[tuple]],
+    inputs: list,
+    outputs: list,
+    lessons: LessonRow,
+    candidates_box: gr.Accordion,
+) -> list:
+    """The lessons of this tab: each sets the form and runs `steps` with its settings (a candidates lesson opens the
+    candidates' tree); returns the runs."""
     wired = lessons.wire(
         "one",
         inputs,
@@ -178,18 +208,10 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component], less
         concurrency_limit=server.run_concurrency,
         concurrency_id="generate",
     )
-    for lesson, loaded, ran in wired:
+    for lesson, loaded, _ in wired:
         if lesson.settings.get("num_candidates", 1) > 1:  # the lesson is in the candidates' tree
             loaded.then(lambda: gr.Accordion(open=True), outputs=candidates_box, queue=False, api_visibility="private")
-        events.append(ran)
-    step_view.build(server, trace, tokens, events, THEME_CSS, inputs)
-    copy_link.click(None, inputs=[prompt, *settings.values()], outputs=link, js=link_js(), api_visibility="private")
-    copy_link.click(lambda: gr.update(visible=True), outputs=link, queue=False, api_visibility="private")
-    # The note comes after the cancel, so no update of the stopped run that was already on its way overwrites it.
-    stop.click(None, cancels=events, api_visibility="private").then(
-        stopped_summary, inputs=summary, outputs=summary, queue=False, api_visibility="private"
-    )
-    return prompt
+    return [ran for _, _, ran in wired]
 
 
 def check_run(values: dict, server: Server | None = None) -> None:
@@ -263,7 +285,7 @@ def stream_run(server: Server, run: Run) -> Iterator[tuple]:
     yield (
         tokens_html,
         summary,
-        *charts(rounds, num_draft_tokens, baseline),
+        *run_charts(rounds, num_draft_tokens, baseline),
         gr.update(value=trace, visible=True),
         gr.skip(),
         headline,
@@ -320,13 +342,20 @@ def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], st
             last_chart = time.monotonic()
             candidates = candidates_html(rounds, decode)
             headline = headline_html(stats, None)
-            yield tokens_html, streamed, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates, headline
+            yield (
+                tokens_html,
+                streamed,
+                *run_charts(rounds, speculative.num_draft_tokens),
+                gr.skip(),
+                candidates,
+                headline,
+            )
         else:
             yield tokens_html, streamed, *unchanged_charts()
     candidates = candidates_html(rounds, decode)  # every round's, the last included
     final = in_progress(summary, f"Decoded {len(emitted)} tokens")
     headline = headline_html(run_stats(rounds), None) if rounds else ""
-    yield tokens_html, final, *charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates, headline
+    yield tokens_html, final, *run_charts(rounds, speculative.num_draft_tokens), gr.skip(), candidates, headline
     return rounds, tokens_html, summary, stream.out_of_time
 
 
@@ -403,14 +432,4 @@ def greedy_divergence(run: Run, rounds: list[Round], baseline: list[Round]) -> D
         top2_logit_gap=float(top_logits[0] - top_logits[1]),
         top2_probs=(float(top_probs[0]), float(top_probs[1])),
         dtype=str(run.target.model.dtype).removeprefix("torch."),
-    )
-
-
-def charts(rounds: list[Round], num_draft_tokens: int, baseline: list[Round] | None = None) -> tuple:
-    """The four charts of the run (the throughput one against the target alone, when it ran)."""
-    return (
-        acceptance_figure(rounds),
-        latency_figure(rounds, baseline or []),
-        positions_figure(rounds, num_draft_tokens),
-        throughput_figure(rounds, baseline or []),
     )

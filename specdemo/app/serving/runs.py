@@ -14,10 +14,10 @@ import gradio as gr
 import torch
 
 from specdemo.app.form import RunRequest, names, parse_request
-from specdemo.app.messages import user_error
-from specdemo.app.replay import replay_record
-from specdemo.app.serving import Downloads
-from specdemo.app.zerogpu import MIN_SECONDS, ON_ZEROGPU, budget_seconds, run_seconds, startup_pairs
+from specdemo.app.serving.handlers import Downloads
+from specdemo.app.serving.messages import user_error
+from specdemo.app.serving.zerogpu import MIN_SECONDS, ON_ZEROGPU, budget_seconds, run_seconds, startup_pairs
+from specdemo.app.views.replay import replay_record
 from specdemo.config import check_prompt_fits
 from specdemo.core.rounds import Round
 from specdemo.core.stats import round_record, run_stats
@@ -34,6 +34,10 @@ from specdemo.pairs import DEFAULT_PAIR, Pair, load_pair
 RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so (on ZeroGPU: its call's)
 RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one per call on ZeroGPU)
 QUEUE_SIZE = 16  # waiting runs beyond this are told the queue is full
+CHART_INTERVAL_SECONDS = 0.5  # charts are re-sent whole (~3 ms to build four): at most 2 updates a second, shared
+# by the rows of a batch (each of 8 rows' pages gets one every 4 s), as are the tokens' updates. The target alone
+# redraws the two charts it changes twice as often, so both timed runs load a browser on the server's cores alike
+# (`make demo` on a laptop): plotly is most of the page's script time.
 IN_PROGRESS_END = "…*"  # how every streamed summary but the last ends
 SWEEP_FILE = Path(__file__).with_name("batch_sweep.json")  # bench --batch-sizes, measured, drawn on the Batch tab
 SWEEP_LESSONS = {  # what each of the sweep's charts teaches, after the sentence that says how it was measured

@@ -12,7 +12,7 @@ from typing import Any
 import gradio as gr
 
 from specdemo.app.form import Field, defaults, signature
-from specdemo.app.serving import stoppable
+from specdemo.app.serving.handlers import stoppable
 
 SPELLING = (
     "Correct the spelling mistakes in this text and return the corrected text:\n\nThe quartely planing meeting is "

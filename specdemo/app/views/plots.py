@@ -190,6 +190,16 @@ def throughput_figure(rounds: Sequence[Round], baseline: Sequence[Round] = ()) -
     return plain_figure(traces, "Tokens over time", xaxis="seconds", yaxis="tokens generated")
 
 
+def run_charts(rounds: Sequence[Round], num_draft_tokens: int, baseline: Sequence[Round] | None = None) -> tuple:
+    """The One prompt tab's four charts of a run (the throughput one against the target alone, when it ran)."""
+    return (
+        acceptance_figure(rounds),
+        latency_figure(rounds, baseline or []),
+        positions_figure(rounds, num_draft_tokens),
+        throughput_figure(rounds, baseline or []),
+    )
+
+
 def waiting(figure: go.Figure) -> go.Figure:
     """An empty chart drawn at page load, before any run: its title and a line saying what fills it, no axes. Drawn
     then, plotly loads and lays out the charts before a timed run, not during one."""

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import gradio as gr
 
-from specdemo.app.messages import user_error
+from specdemo.app.serving.messages import user_error
 from specdemo.models.platform import on_zerogpu
 from specdemo.pairs import DEFAULT_PAIR, PAIRS_BY_KEY, Pair
 
