@@ -16,6 +16,8 @@ MAX_NUM_CANDIDATES = 8  # W: candidate drafts per row per round; a pass then sco
 MAX_BATCH_SIZE = 32  # rows decoded together; the cache and the W*K-token tree grow with it
 MAX_PROMPT_CHARACTERS = 50_000  # refused before tokenizing: a pasted novel would take seconds just to tokenize
 MAX_PROMPT_TOKENS = 4096  # half the offline default's context, so generation always has room
+RULES = ("standard", "coupled")  # SamplingConfig.rule: core/verify.py's and core/coupled.py's
+RULE_LABELS = {"standard": "standard", "coupled": "same text for any drafter"}  # as the page names them
 
 
 def check_number(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> None:
@@ -50,15 +52,22 @@ class Setting:
     step: float = 1  # the page slider's step
     shown: tuple[float, float] | None = None  # the page slider's ends, where they are narrower than the limits
     shown_default: float | None = None  # what the page shows for a default of None (a slider needs a number)
+    choices: tuple[str, ...] = ()  # a choice among words, not a number: low and high are unused
 
-    def check(self, value: float) -> None:
-        if self.whole:
+    def check(self, value: float | str) -> None:
+        if self.choices:
+            if value not in self.choices:
+                raise ValueError(f"{self.called} must be {self.limits()}, got {value!r}.")
+        elif self.whole:
             check_int(self.called, value, int(self.low), int(self.high))
         else:
             check_number(self.called, value, self.low, self.high, low_open=self.low_open)
 
     def limits(self) -> str:
-        """The limits as a sentence writes them: 1..16 for whole numbers, [0, 10] or (0, 1] for others."""
+        """The limits as a sentence writes them: 1..16 for whole numbers, [0, 10] or (0, 1] for others, "standard or
+        coupled" for choices."""
+        if self.choices:
+            return " or ".join(repr(choice) for choice in self.choices)
         if self.whole:
             return f"{int(self.low):,}..{int(self.high):,}"
         return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
@@ -82,7 +91,7 @@ def check_settings(config: object) -> None:
         if value is None and default is None:
             continue
         spec.check(value)
-        if not spec.whole:
+        if not (spec.whole or spec.choices):
             object.__setattr__(config, name, float(value))
 
 
@@ -140,6 +149,17 @@ class SamplingConfig:
         help="seeds the run's random draws",
         whole=True,
     )
+    rule: str = setting(  # how drafts are verified; both are exact, "coupled" also gives target-only's very text
+        "standard",
+        "rule",
+        low=0,
+        high=0,
+        choices=RULES,
+        label="Acceptance rule",
+        help="standard: accept a draft token with min(1, p/q), redraw from the residual (the text depends on the "
+        "drafter); coupled: one noise per position decides both the target's token and the draft's, so a sampled run "
+        "writes target-only decoding's text for its seed, whatever drafts",
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -147,6 +167,11 @@ class SamplingConfig:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def is_coupled(self) -> bool:
+        """The coupled rule on a sampled run (greedy decoding is already the coupled walk with no noise)."""
+        return self.rule == "coupled" and not self.is_greedy
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,9 @@ def add_run_flags(parser: argparse.ArgumentParser, num_candidates: bool = True) 
         if name == "num_candidates" and not num_candidates:
             continue
         shown = "" if default is None else f", default {default}"
-        parser.add_argument(  # checked by the config, with its sentence
-            flag(name), type=int if spec.whole else float, default=default, help=f"{spec.help}; {spec.limits()}{shown}"
+        kind = str if spec.choices else int if spec.whole else float
+        parser.add_argument(  # checked by the config, with its sentence (no argparse choices: the config's sentence)
+            flag(name), type=kind, default=default, help=f"{spec.help}; {spec.limits()}{shown}"
         )
     for kind, spec in option_fields():  # one flag per option, made from the kind's options dataclass
         low, high = spec.metadata["low"], spec.metadata["high"]
@@ -78,7 +79,7 @@ def cli_pair(args: argparse.Namespace) -> Pair:
 def read_settings(args: argparse.Namespace) -> CliSettings:
     """The flags as checked settings, before any model loads; a ValueError names the first bad one."""
     pair = cli_pair(args)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed, args.rule)
     speculative = SpeculativeConfig(
         num_draft_tokens=args.num_draft_tokens,
         max_new_tokens=args.max_new_tokens,

@@ -27,6 +27,22 @@ class CandidateTrace:
 
 
 @dataclass(frozen=True)
+class CoupledChoice:
+    """One position of a coupled round's path (core/coupled.py): the target's token y = argmax(log p + G) and the
+    drafted token x there, with the noise G that decided them; x is accepted when it is y."""
+
+    target_id: int  # y
+    target_score: float  # log p(y) + G(y), the largest at this position
+    target_noise: float  # G(y)
+    draft_id: int | None  # x; None at the bonus position, where nothing was drafted
+    draft_score: float | None  # log p(x) + G(x): below the target's unless x is y
+    draft_noise: float | None  # G(x)
+    standard_chance: float | None  # 1 - TV(p, q): the chance the standard rule accepts a token drafted from q here
+    coupled_chance: float | None  # the chance the coupled rule's draft matches y here, at least (core/coupled.py's
+    coupled_chance_high: float | None  # match_probability bounds; equal to 1 - TV for a deterministic draft)
+
+
+@dataclass(frozen=True)
 class Round:
     """One draft proposal and one target verification pass of one row, with every number behind its outcome.
 
@@ -55,6 +71,8 @@ class Round:
     plan: Plan | None = None  # a cost-aware drafter's choice of how much to draft, with what it expected
     cut: Cut | None = None  # the draft cut for a pass shared with other rows
     views: tuple[PositionView, ...] = ()  # p, q and the residual at each tested position of the path (the inspector)
+    coupled: tuple[CoupledChoice, ...] = ()  # the coupled rule's choice at each tested position of the path; () for
+    # the standard rule. Its test's draw (`uniforms`) is then the noise G(d) of each drafted token
 
     @property
     def emitted_token_ids(self) -> list[int]:

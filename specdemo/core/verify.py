@@ -74,6 +74,8 @@ class CandidateVerdict:
     num_accepted: torch.Tensor  # [B] int64 accepted tokens along the path
     next_token_ids: torch.Tensor  # [B] int64 the resampled or bonus token
     next_token_probs: torch.Tensor  # [B] float32 p(next token) at its node, before any rejection there
+    choices: torch.Tensor | None = None  # [B, K+1] the coupled rule's y along the path (core/coupled.py); None for
+    # this rule. Under the coupled rule `uniforms` holds the noise G(d) of each drafted token, the test's draw
 
 
 Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], CandidateVerdict]

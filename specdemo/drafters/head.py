@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from specdemo.core.coupled import coupled_choice, coupled_top
 from specdemo.core.sampling import sample_one
 
 
@@ -128,6 +129,30 @@ class RecurrentHead(nn.Module):
         """W i.i.d. draft sequences per row: sample_seq lifted over beams (sharing the row's state), then rows."""
         over_beams = torch.func.vmap(self.sample_seq, in_dims=(None, None, 0, None))
         return torch.func.vmap(over_beams)(self.read(llm_states), llm_tokens, uniforms, temperatures)
+
+    def coupled_beams(
+        self,
+        llm_states: torch.Tensor,  # [R, L*H]
+        llm_tokens: torch.Tensor,  # [R] int64
+        noise: torch.Tensor,  # [R, K, S] float64: the coupled rule's G at each drafted position, on the sub-vocabulary
+        temperatures: torch.Tensor,  # [R]
+        width: int,  # W <= S
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [R, W, K] target ids, [R, W, K, S] q
+        """The coupled rule's W drafts: the W best first tokens of log q + G (distinct), then each beam's argmax of
+        log q + G at its next positions, the noise the target's own choices use."""
+        llm_states = self.read(llm_states)
+        rnn_state, logits = self.rnn_drafter(llm_states, torch.zeros_like(llm_states), llm_tokens)
+        q = (logits.float() / temperatures[:, None]).softmax(dim=-1)  # [R, S]
+        chosen = coupled_top(q, noise[:, 0], width)  # [R, W] sub-vocabulary indices
+        sequences, probs = [chosen], [q[:, None].expand(-1, width, -1)]
+        rnn_state = rnn_state[:, None].expand(-1, width, -1)  # [R, W, H]
+        states = llm_states[:, None].expand(-1, width, -1)
+        for step in range(1, noise.shape[1]):
+            rnn_state, logits = self.rnn_drafter(states, rnn_state, self.vocabulary[sequences[-1]])
+            q = (logits.float() / temperatures[:, None, None]).softmax(dim=-1)  # [R, W, S]
+            sequences.append(coupled_choice(q, noise[:, step, None]))
+            probs.append(q)
+        return self.vocabulary[torch.stack(sequences, dim=2)], torch.stack(probs, dim=2)
 
     def beam_search(
         self,

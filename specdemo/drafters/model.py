@@ -10,6 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig
+from specdemo.core.coupled import coupled_choice, coupled_top, row_noise
 from specdemo.core.sampling import build_warpers, logits_to_probs, uniforms_from
 from specdemo.core.verify import choose_draft_tokens
 from specdemo.drafters.base import Draft, DraftRequest
@@ -65,6 +66,9 @@ class ModelDrafter:
                 torch.nn.utils.rnn.pad_sequence(step_probs, batch_first=True, padding_value=1.0),
                 torch.nn.utils.rnn.pad_sequence(uniforms, batch_first=True),
             )
+            for row, i in enumerate(drafting):  # the coupled rule's rows draw with the noise instead
+                if requests[i].sampling.rule == "coupled" and not samplings[i].is_greedy:
+                    tokens[row, : len(beams[i])] = _coupled_tokens(requests[i], step, step_probs[row])
             for row, i in enumerate(drafting):
                 for w, beam in enumerate(beams[i]):
                     beam.append(int(tokens[row, w]))
@@ -78,3 +82,13 @@ class ModelDrafter:
             )  # [W, K, V]
             for sampling, row_beams, row_probs in zip(samplings, beams, probs, strict=True)
         ]
+
+
+def _coupled_tokens(request: DraftRequest, step: int, probs: torch.Tensor) -> torch.Tensor:  # probs [W, V] -> [W]
+    """A coupled row's beams at a step: the W best of log q + G at the first (W distinct tokens, the first the
+    target's own choice where q is p), then each beam's argmax of log q + G, G the noise of the token's position."""
+    position = len(request.sequence_ids) + step
+    noise = row_noise([request.seed], [position], 1, probs.shape[-1], probs.device)[0, 0]  # [V]
+    if step == 0:
+        return coupled_top(probs[0], noise, probs.shape[0])
+    return coupled_choice(probs, noise)

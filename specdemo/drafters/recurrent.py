@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdemo.config import MAX_NUM_DRAFT_TOKENS
+from specdemo.core.coupled import row_noise
 from specdemo.core.sampling import uniforms_from
 from specdemo.drafters.base import Draft, DraftRequest
 from specdemo.drafters.head import RecurrentHead
@@ -81,12 +82,13 @@ class RecurrentDrafter:
             self.learn(request)
         drafts = {i: Draft([], None) for i, r in enumerate(requests) if r.hidden_state is None}
         ready = [i for i in range(len(requests)) if i not in drafts]
-        groups: dict[tuple[bool, int, int], list[int]] = {}  # rows drafted together: same rule, W and K
+        groups: dict[tuple[str, int, int], list[int]] = {}  # rows drafted together: same way, W and K
         for i in ready:
             r = requests[i]
-            groups.setdefault((r.sampling.is_greedy, r.num_candidates, r.num_draft_tokens), []).append(i)
-        for (greedy, width, depth), rows in groups.items():
-            drafts.update(zip(rows, self._draft([requests[i] for i in rows], greedy, width, depth), strict=True))
+            way = "greedy" if r.sampling.is_greedy else "coupled" if r.sampling.is_coupled else "sampled"
+            groups.setdefault((way, r.num_candidates, r.num_draft_tokens), []).append(i)
+        for (way, width, depth), rows in groups.items():
+            drafts.update(zip(rows, self._draft([requests[i] for i in rows], way, width, depth), strict=True))
         seconds = time.perf_counter() - started
         for i in ready:
             self.last[requests[i].key] = (len(requests[i].sequence_ids), drafts[i].token_ids)
@@ -103,18 +105,27 @@ class RecurrentDrafter:
             candidate[0] /= max(1.0, first)
         return replace(draft, chances=chances)
 
-    def _draft(self, requests: list[DraftRequest], greedy: bool, width: int, depth: int) -> list[Draft]:
-        """The rows' K steps (head_steps.py: one program where the target's rounds replay graphs), the drafted ids
-        read back once."""
+    def _draft(self, requests: list[DraftRequest], way: str, width: int, depth: int) -> list[Draft]:
+        """The rows' K steps (head_steps.py: one program where the target's rounds replay graphs; the coupled rule's
+        run as they are), the drafted ids read back once."""
         states = torch.stack([r.hidden_state for r in requests]).to(self.head.output_rows.dtype)  # type: ignore[misc]
         tokens = torch.tensor([r.sequence_ids[-1] for r in requests], device=states.device)  # [R]
-        if greedy:
+        if way == "greedy":
             ids = self.steps.greedy(states, tokens, min(width, len(self.head.vocabulary)), depth)
             return [Draft(row, None) for row in ids.tolist()]
+        temperatures = torch.tensor([r.sampling.temperature for r in requests], device=states.device)
+        if way == "coupled":
+            starts = [len(r.sequence_ids) for r in requests]
+            noise = row_noise([r.seed for r in requests], starts, depth, self.vocab_size, states.device)  # [R, K, V]
+            ids, probs = self.head.coupled_beams(
+                states, tokens, noise[..., self.head.vocabulary], temperatures, min(width, len(self.head.vocabulary))
+            )
+            full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)  # [R, W, K, V]
+            full[..., self.head.vocabulary] = probs
+            return [Draft(row, row_probs) for row, row_probs in zip(ids.tolist(), full, strict=True)]
         uniforms = torch.stack(  # [R, W, K]: each row's own generator, W*K draws a round
             [uniforms_from(r.generator, (width, depth), states.device) for r in requests]
         )
-        temperatures = torch.tensor([r.sampling.temperature for r in requests], device=states.device)
         ids, full = self.steps.sampled(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, V]
         return [Draft(row, probs) for row, probs in zip(ids.tolist(), full, strict=True)]
 

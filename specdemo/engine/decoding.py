@@ -14,6 +14,7 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.chain_round import read_chain, read_views
+from specdemo.core.coupled import Noise, NoiseAsk, path_choices, position_noise
 from specdemo.core.fixed_rule import DRAWS_PER_ROUND, row_round_uniforms, seed_from
 from specdemo.core.inspection import PositionView, path_views
 from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
@@ -72,6 +73,7 @@ class _Row:
             draft_sampling,
             self.generator,
             self.hidden_state,
+            self.seed,
         )
 
     def chances(self, draft: Draft) -> list[list[float]]:
@@ -117,9 +119,11 @@ def _rule_inputs(
     draft: Draft,
     target_logits: torch.Tensor,  # [W, K+1, V]
     compact: bool,  # the row is greedy and so is every row it is verified with: use its own small vocabulary
+    noise: Noise,  # the coupled rule's noise, for a row that runs it
 ) -> RuleInputs:
     """One row's inputs to the multi-candidate rule: p with the row's own settings, its K*W + 1 draws from its own
-    stream, and, when compact, the V' token ids that stand for V (the ids, q and p then index and span those)."""
+    stream (or, under the coupled rule, its noise at the round's K+1 positions), and, when compact, the V' token ids
+    that stand for V (the ids, q and p then index and span those)."""
     num_candidates, depth_plus_one, vocab_size = target_logits.shape
     device = target_logits.device
     candidates = torch.tensor(
@@ -144,6 +148,11 @@ def _rule_inputs(
         draft_probs = draft_probs[..., vocab] if compact else draft_probs
     draws = row_round_uniforms(row.seed, row.draws, (depth_plus_one - 1) * len(draft.token_ids))  # [K*W + 1]
     uniforms = torch.from_numpy(draws).to(device)
+    coupled_noise = None
+    if row.sampling.is_coupled:
+        first = tuple(draft.token_ids[0]) if draft.token_ids else ()
+        ask = NoiseAsk(row.seed, len(row.sequence_ids), depth_plus_one, row.num_rounds, first, vocab_size, device)
+        coupled_noise = noise(ask)  # [K+1, V]
     return RuleInputs(
         draft_token_ids=candidates,
         draft_lengths=lengths,
@@ -151,6 +160,7 @@ def _rule_inputs(
         target_probs=target_probs,
         uniforms=uniforms,
         vocab=vocab,
+        noise=coupled_noise,
     )
 
 
@@ -185,6 +195,7 @@ def _views(
     """The inspector's p, q and residual along the accepted path, from the tensors the rule itself decided with."""
     vocab = row_inputs.vocab  # [V'] or empty: the ids, p and q are in the rule's vocabulary (V' or all V)
     tried = [w for w, c in enumerate(candidates) if num_accepted < len(c.tested) and c.tested[num_accepted]]
+    tried = tried if row_inputs.noise is None else []  # the coupled rule draws the next token from p itself
     next_local = next_id
     if next_id is not None and len(vocab):
         next_local = int(torch.searchsorted(vocab, torch.tensor([next_id], device=vocab.device)))
@@ -192,6 +203,18 @@ def _views(
     compact = vocab if len(vocab) else None
     target_probs, draft_probs = row_inputs.target_probs[path], row_inputs.draft_probs  # [K+1, V], [W, K, V]
     return path_views(target_probs, draft_probs, path, drafted, num_accepted, tried, next_local, compact)
+
+
+def _verdicts(inputs: list[RuleInputs], verify: Verify) -> list[tuple[CandidateVerdict, int]]:
+    """Each row's verdict and its place in it: the rows of each rule padded and decided together."""
+    by_rule: dict[bool, list[int]] = {}
+    for i, row_inputs in enumerate(inputs):
+        by_rule.setdefault(row_inputs.noise is not None, []).append(i)
+    located: dict[int, tuple[CandidateVerdict, int]] = {}
+    for members in by_rule.values():
+        verdict = pad_rows([inputs[i] for i in members]).verdict(verify)  # padded to one W, K and V
+        located.update((i, (verdict, place)) for place, i in enumerate(members))
+    return [located[i] for i in range(len(inputs))]
 
 
 class OutOfDeviceMemory(ValueError):
@@ -220,11 +243,13 @@ class BatchDecoder:
         eos_token_ids: frozenset[int],
         verify: Verify = verify_rows,  # the multi-candidate rule; the audit plants bugs here
         costs: BatchCosts | None = None,  # this device's round costs: drafts are cut when a shared pass pays for it
+        noise: Noise = position_noise,  # the coupled rule's noise; the audit plants its noise bugs here
     ) -> None:
         self.verifier = verifier_for(target, hidden_layers(drafter))
         self.costs = costs
         self.drafter = drafter
         self.verify = verify
+        self.noise = noise
         self.eos_token_ids = eos_token_ids
         self.rows: dict[Hashable, _Row] = {}
 
@@ -299,7 +324,7 @@ class BatchDecoder:
         drafts = [_cut_at_eos(proposed.get(key, Draft([], None)), self.eos_token_ids) for key in keys]
         drafts, cuts = self._cut_for_sharing(rows, drafts)
         drafted = time.perf_counter()
-        if self._on_device(drafts):
+        if self._on_device(rows, drafts):
             return self._decided(keys, rows, drafts, cuts, drafted - started)
         forward_before = self.verifier.forward_seconds
         target_logits = self.verifier.logits(
@@ -314,12 +339,12 @@ class BatchDecoder:
         compact = all(row.sampling.is_greedy for row in rows)  # rows share the rule's vocabulary: V' or all V
         for key, row, draft, logits in zip(keys, rows, drafts, target_logits, strict=True):
             try:
-                inputs.append(_rule_inputs(row, draft, logits, compact))
+                inputs.append(_rule_inputs(row, draft, logits, compact, self.noise))
             except Exception as error:  # this row's settings: it leaves, the others go on
                 failed[key] = error
         kept = [i for i, key in enumerate(keys) if key not in failed]
         keys, rows, drafts, cuts = ([column[i] for i in kept] for column in (keys, rows, drafts, cuts))
-        verdict = pad_rows(inputs).verdict(self.verify) if inputs else None  # padded to one W, K and V
+        verdicts = _verdicts(inputs, self.verify)  # (the verdict, the row's place in it) per row
         timings = dict(
             draft_seconds=drafted - started,
             verify_seconds=verified - drafted,
@@ -331,7 +356,8 @@ class BatchDecoder:
         outcomes: list[tuple[Hashable, Round | Exception]] = []
         for b, (key, row, draft, cut) in enumerate(zip(keys, rows, drafts, cuts, strict=True)):
             try:
-                outcomes.append((key, self._finish_round(b, key, row, draft, cut, verdict, inputs[b], timings)))
+                verdict, place = verdicts[b]
+                outcomes.append((key, self._finish_round(place, key, row, draft, cut, verdict, inputs[b], timings)))
             except Exception as error:
                 failed[key] = error
         for key in failed:
@@ -345,13 +371,15 @@ class BatchDecoder:
             for key, outcome in outcomes
         ] + list(failed.items())
 
-    def _on_device(self, drafts: list[Draft]) -> bool:
+    def _on_device(self, rows: list[_Row], drafts: list[Draft]) -> bool:
         """Rounds decided whole on the device (FixedShapeModel.decide): fixed-shape passes, the engine's own rule, and
-        one candidate a row. Several candidates, and an audit's planted rule, take the logits and the eager rule."""
+        one candidate a row. Several candidates, the coupled rule and an audit's planted rule take the logits and the
+        eager rule."""
         return (
             isinstance(self.verifier, FixedShapeModel)
             and self.verify is verify_rows
             and all(len(d.token_ids) <= 1 for d in drafts)
+            and not any(row.sampling.is_coupled for row in rows)
         )
 
     def _decided(
@@ -483,6 +511,12 @@ class BatchDecoder:
         next_id = int(verdict.next_token_ids[b]) if has_next else None
         # the inspector's data, for rows that draft: a target-alone row's is never shown
         views = _views(row_inputs, candidates, path, accepted, next_id) if row.drafting else ()
+        coupled = ()
+        if row.drafting and row_inputs.noise is not None and verdict.choices is not None:
+            drafted = list(chosen.token_ids)
+            choices = verdict.choices[b].tolist()
+            target, draft_probs = row_inputs.target_probs[path], row_inputs.draft_probs[path]
+            coupled = path_choices(target, draft_probs, row_inputs.noise, drafted, accepted, choices)
         tested_at_end = bool(verdict.tested[b, :, accepted].any()) if accepted < verdict.tested.shape[2] else False
         next_token = None
         if has_next:
@@ -491,6 +525,7 @@ class BatchDecoder:
         round_ = _path_round(
             row, chosen, candidates, path, accepted, next_token, num_input_tokens, views, draft, cut, timings
         )
+        round_ = replace(round_, coupled=coupled) if coupled else round_
         if self.verifier.keep_hidden_states:  # where the next token's logits were read
             row.hidden_state = self.verifier.last_hidden_states[key][path, accepted]
         self._grow(key, row, emitted, sum(chosen.tested), accepted)
