@@ -32,6 +32,7 @@ from specdemo.audit import model_audit, toy_audit
 from specdemo.bench.prompts import PROMPTS, BenchPrompt
 from specdemo.bench.single import HF_GENERATE, SPECULATIVE, TARGET_ONLY, bench_methods
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.coupled import coupled_choice, gumbel_noise, noise_bits
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
 from specdemo.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, NoDrafter, SuffixDrafter
@@ -309,6 +310,51 @@ def test_sampled_runs_work_stepped_replayed_and_batched(subject, kind):
         runs += 1
     record(kind, sampled_without_error=f"{runs - len(failures)}/{runs}", sampled_failures=failures)
     assert not failures, failures
+
+
+def test_the_coupled_noise_is_the_same_bits_on_the_device():
+    """The coupled rule's noise bits on the device equal the CPU's (integer operations); the Gumbel values in float64
+    differ by at most what the device's log may round otherwise, and choose the same tokens."""
+    seeds = torch.arange(16, dtype=torch.int64) * 7919
+    positions = torch.arange(17, dtype=torch.int64).expand(16, -1) + 300
+    vocab = 49_152
+    on_cpu = noise_bits(seeds, positions, vocab)
+    on_device = noise_bits(seeds.to(DEVICE), positions.to(DEVICE), vocab).cpu()
+    gumbel_cpu = gumbel_noise(seeds, positions, vocab)
+    gumbel_device = gumbel_noise(seeds.to(DEVICE), positions.to(DEVICE), vocab).cpu()
+    probs = torch.softmax(3 * torch.randn(16, 17, vocab, generator=torch.Generator().manual_seed(0)), -1)
+    same_choices = coupled_choice(probs, gumbel_cpu).equal(
+        coupled_choice(probs.to(DEVICE), gumbel_device.to(DEVICE)).cpu()
+    )
+    difference = float((gumbel_cpu - gumbel_device).abs().max())
+    record("coupled", noise_bits_identical=bool(on_cpu.equal(on_device)), gumbel_max_difference=difference,
+           same_choices=same_choices)  # fmt: skip
+    assert on_cpu.equal(on_device) and same_choices
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_coupled_sampled_text_is_target_only_text(subject, kind):
+    """The coupled rule at T = 0.8, top-p 0.95: K = 16 at W = 1 and W = 3, every prompt with two seeds as rows of one
+    batch, against each row's target-only coupled text decoded alone."""
+    rows = [replace(SAMPLED, rule="coupled", seed=seed) for seed in range(2) for _ in subject.prompts]
+    prompts = [prompt for _ in range(2) for prompt in subject.prompts]
+    base = SpeculativeConfig(max_new_tokens=NEW_TOKENS)
+
+    def texts(drafter: Drafter, spec: SpeculativeConfig, batch_size: int) -> list[list[int]]:
+        out: dict[int, list[int]] = {}
+        for index, round_ in batch_generate(subject.model, drafter, prompts, rows, spec, subject.eos, batch_size):
+            out.setdefault(index, []).extend(round_.emitted_token_ids)
+        return [out[i] for i in range(len(rows))]
+
+    alone = texts(NoDrafter(), base, 1)
+    identical, compared = 0, 0
+    for width in (1, 3):
+        spec = replace(base, num_draft_tokens=NUM_DRAFT_TOKENS, num_candidates=width)
+        got = texts(drafter_for(kind, subject), spec, len(rows))
+        identical += sum(a == b for a, b in zip(got, alone, strict=True))
+        compared += len(rows)
+    record(kind, coupled_identical=f"{identical}/{compared}")
+    assert identical == compared
 
 
 def test_the_model_audit_runs_on_the_device(subject):
@@ -792,18 +838,20 @@ def test_zz_the_table(capsys):
     lines = [
         f"GPU check: {setup.get('target', '?')} on {setup.get('device', '?')}, torch {torch.__version__}",
         f"{'kind':10s} {'greedy = target':>16s} {'batched = alone':>16s} {'sampled ok':>11s} {'TV W=1':>7s} "
-        f"{'TV W=3':>7s} {'ours ms/tok':>11s} {'HF ms/tok':>10s} {'HF static ms/tok':>16s}",
+        f"{'TV W=3':>7s} {'coupled = target':>16s} {'ours ms/tok':>11s} {'HF ms/tok':>10s} {'HF static ms/tok':>16s}",
     ]
     for kind in KINDS:
         row = RESULTS.get(kind, {})
         lines.append(
             f"{kind:10s} {row.get('greedy_identical', '-'):>16s} {row.get('batched_identical', '-'):>16s} "
             f"{row.get('sampled_without_error', '-'):>11s} {rule.get('tv_one_candidate', '-')!s:>7s} "
-            f"{rule.get('tv_three_candidates', '-')!s:>7s} {speed.get('ours_target_only_ms_per_token', '-')!s:>11s} "
+            f"{rule.get('tv_three_candidates', '-')!s:>7s} {row.get('coupled_identical', '-'):>16s} "
+            f"{speed.get('ours_target_only_ms_per_token', '-')!s:>11s} "
             f"{speed.get('hf_generate_ms_per_token', '-')!s:>10s} "
             f"{speed.get('hf_static_compiled_ms_per_token', '-')!s:>16s}"
         )
     lines += [f"{name}: {value}" for name, value in setup.items() if name not in ("target", "device", "torch")]
+    lines += [f"coupled noise: {RESULTS['coupled']}"] if "coupled" in RESULTS else []
     for name, figures in RESULTS.items():
         if name.startswith("speed, "):
             lines.append(f"{name}: " + "; ".join(f"{label} {value}" for label, value in figures.items()))

@@ -1,18 +1,23 @@
 """The lossless audit: planted bugs, the statistics, and the toy and model audits."""
 
-from specdemo.audit.bugs import BUGS, verifier
+from specdemo.audit.bugs import BUGS, COUPLED_BUGS, RULE_BUGS, batch_noise, noise_for, verifier
 from specdemo.audit.model import MODEL_BATCH_ROWS, ModelAudit, model_audit
 from specdemo.audit.statistics import chi_square_pvalue, tv_distance
-from specdemo.audit.toy import TOY_PRESETS, ToyAudit, parse_weights, toy_audit
+from specdemo.audit.toy import TOY_PRESETS, ToyAudit, coupled_toy_audit, parse_weights, toy_audit
 
 __all__ = [
     "BUGS",
+    "COUPLED_BUGS",
     "MODEL_BATCH_ROWS",
+    "RULE_BUGS",
     "TOY_PRESETS",
     "ModelAudit",
     "ToyAudit",
+    "batch_noise",
     "chi_square_pvalue",
+    "coupled_toy_audit",
     "model_audit",
+    "noise_for",
     "parse_weights",
     "toy_audit",
     "tv_distance",

@@ -1,7 +1,8 @@
 """The planted bugs: each a mistake real samplers made, planted around the very rule the engine runs (verify_rows),
-so the audit's control and its mutants run the same code."""
+so the audit's control and its mutants run the same code; and the coupled rule's, planted in its noise (the engine's
+`noise` seam): each reads the noise at the wrong positions."""
 
-# B = rows, W = num_candidates, K = num_draft_tokens, V = vocab_size
+# B = rows, W = num_candidates, K = num_draft_tokens, n = positions a round decides (K+1), V = vocab_size
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from dataclasses import replace
 
 import torch
 
+from specdemo.config import MAX_NUM_DRAFT_TOKENS
+from specdemo.core.coupled import Noise, NoiseAsk, gumbel_noise, position_noise
 from specdemo.core.sampling import sample_from_probs
 from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
 
@@ -112,3 +115,85 @@ PLANTED: dict[str, Callable[..., CandidateVerdict]] = {
     "shared uniform": _with_one_uniform,
     "ReDrafter's rule, as released": _redrafter_released,
 }
+
+
+# --- the coupled rule's bugs: the noise read at the wrong positions ---------------------------------------------------
+
+ROUND_STRIDE = MAX_NUM_DRAFT_TOKENS + 1  # "noise by round" gives each round this many positions of its own
+COUPLED_BUGS = {
+    "none": "the project's noise: G_t from the seed and the token's place t in the text alone",
+    "noise by round": f"G indexed by the round and the depth in it (position round × {ROUND_STRIDE} + depth), not by "
+    "the token's place in the text: each round is exact, but the text changes with K",
+    "one noise vector": "one G (position 0's) serves every position: each token alone follows p, but tokens at "
+    "different positions are correlated",
+    "noise from the draft": "G at a drafted position is read at that position shifted by the drafted token's id: the "
+    "drafter changes the text",
+}
+RULE_BUGS = {"standard": BUGS, "coupled": COUPLED_BUGS}  # SamplingConfig.rule -> the bugs planted in that rule
+
+NoisePositions = Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(starts [B], n, round indices [B], drafts [B, n-1] padded with -1) -> [B, n] int64: the positions whose noise a
+row's round reads."""
+
+
+def _at_positions(starts: torch.Tensor, count: int, rounds: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    return starts[:, None] + torch.arange(count, device=starts.device)  # the rule: the tokens' places in the text
+
+
+def _by_round(starts: torch.Tensor, count: int, rounds: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    return rounds[:, None] * ROUND_STRIDE + torch.arange(count, device=starts.device)
+
+
+def _one_vector(starts: torch.Tensor, count: int, rounds: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(len(starts), count, dtype=torch.int64, device=starts.device)
+
+
+def _shifted_by_draft(starts: torch.Tensor, count: int, rounds: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    shifts = torch.nn.functional.pad(drafts.clamp(min=0), (0, 1))  # [B, n]; no draft (the bonus, padding): no shift
+    return _at_positions(starts, count, rounds, drafts) + shifts
+
+
+NOISE_POSITIONS: dict[str, NoisePositions] = {
+    "none": _at_positions,
+    "noise by round": _by_round,
+    "one noise vector": _one_vector,
+    "noise from the draft": _shifted_by_draft,
+}
+
+
+def noise_for(bug: str) -> Noise:
+    """The engine's noise itself (position_noise) for "none", else the coupled rule's noise with the named bug
+    planted: BatchDecoder's `noise`."""
+    if bug not in COUPLED_BUGS:
+        raise ValueError(
+            f"Unknown bug {bug!r} for the coupled rule: pick one of {', '.join(repr(b) for b in COUPLED_BUGS)}."
+        )
+    if bug == "none":
+        return position_noise
+    return functools.partial(_planted_noise, bug)
+
+
+def _planted_noise(bug: str, ask: NoiseAsk) -> torch.Tensor:  # [n, V] float64
+    """One row's noise with the bug planted: batch_noise for a batch of one."""
+    assert len(ask.draft) < ask.count, f"a draft of {len(ask.draft)} tokens for {ask.count} positions"
+    draft = torch.full((1, ask.count - 1), -1, dtype=torch.int64, device=ask.device)  # [1, n-1]
+    draft[0, : len(ask.draft)] = torch.tensor(ask.draft, dtype=torch.int64, device=ask.device)
+
+    def one(value: int) -> torch.Tensor:  # [1] int64
+        return torch.tensor([value], dtype=torch.int64, device=ask.device)
+
+    return batch_noise(bug, one(ask.seed), one(ask.start), ask.count, one(ask.round_index), draft, ask.vocab_size)[0]
+
+
+def batch_noise(
+    bug: str,
+    seeds: torch.Tensor,  # [B] int64
+    starts: torch.Tensor,  # [B] int64: each row's NoiseAsk.start
+    count: int,  # n
+    rounds: torch.Tensor,  # [B] int64: each row's NoiseAsk.round_index
+    drafts: torch.Tensor,  # [B, n-1] int64: each row's NoiseAsk.draft, padded with -1
+    vocab_size: int,
+) -> torch.Tensor:  # [B, n, V] float64
+    """noise_for(bug) for many rows at once, row b's as noise_for(bug) gives it for row b's NoiseAsk (the toy audit
+    decides many rows' rounds together)."""
+    return gumbel_noise(seeds, NOISE_POSITIONS[bug](starts, count, rounds, drafts), vocab_size)

@@ -1,5 +1,6 @@
 """Model mode: a prompt's first tokens drawn many times by speculative decoding (the bug planted in the rule) and by
-the target alone, as rows of the engine's batches, compared with a two-sample test."""
+the target alone, as rows of the engine's batches, compared with a two-sample test. Under the coupled rule, the bug is
+planted in the noise, and each seed's speculative text must also be the target alone's text for that seed."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdemo.audit.bugs import verifier
-from specdemo.audit.statistics import MIN_P_VALUE, NOISE_QUANTILE, homogeneity_pvalue, two_sample_noise_tv
+from specdemo.audit.bugs import noise_for, verifier
+from specdemo.audit.statistics import (
+    MIN_P_VALUE,
+    NOISE_QUANTILE,
+    homogeneity_pvalue,
+    invariance_sentence,
+    two_sample_noise_tv,
+)
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.core.verify import verify_rows
+from specdemo.core.coupled import Noise, position_noise
+from specdemo.core.verify import Verify, verify_rows
 from specdemo.drafters.base import Drafter, NoDrafter
 from specdemo.engine.decoding import BatchDecoder
 
@@ -32,6 +40,7 @@ class ModelAudit:
     p_value: float
     passes: bool
     verdict: str
+    differing: int | None = None  # coupled rule: seeds whose speculative text is not the target alone's for that seed
 
 
 def model_audit(
@@ -51,20 +60,52 @@ def model_audit(
     """The prompt's first `num_tokens` tokens, drawn num_samples times speculatively (the bug planted in the rule)
     and num_samples times with the target alone, as rows of batches with seeds sampling.seed + i; the two samples'
     sequences compared with a two-sample chi-square test, and their TV with the noise band. A row may emit K more
-    tokens than it keeps, so that its first rounds draft all K."""
+    tokens than it keeps, so that its first rounds draft all K. Under the coupled rule (sampling.is_coupled) the bug
+    is planted in the noise (bugs.noise_for), the target alone samples by the standard rule (code that shares no noise
+    with the rule audited), and a third side, the target alone under the same noise with the speculative side's seeds,
+    must write each seed's very text."""
     assert not sampling.is_greedy, "greedy decoding has nothing to sample"
     speculative = replace(speculative, max_new_tokens=num_tokens + speculative.num_draft_tokens)
-    samples: list[Counter] = []
-    for side, (drafter_used, verify) in enumerate(((drafter, verifier(bug)), (NoDrafter(), verify_rows))):
-        decoder = BatchDecoder(target, drafter_used, eos_token_ids, verify)  # type: ignore[arg-type]
-        seeds = [sampling.seed + side * num_samples + i for i in range(num_samples)]
+    sides = _sides(target, drafter, eos_token_ids, sampling, bug)
+    texts: list[list[tuple[int, ...]]] = []
+    for side, (decoder, side_sampling, seed_block) in enumerate(sides):
+        seeds = [sampling.seed + seed_block * num_samples + i for i in range(num_samples)]
 
         def report(finished: int, side: int = side) -> None:
-            on_progress((side * num_samples + finished) / (2 * num_samples))
+            on_progress((side * num_samples + finished) / (len(sides) * num_samples))
 
-        firsts = _draw(decoder, prompt_ids, sampling, speculative, seeds, num_tokens, report, should_stop, lock)
-        samples.append(Counter(firsts))
-    return _compare(samples, num_samples, num_tokens)
+        drawn = _draw(decoder, prompt_ids, side_sampling, speculative, seeds, num_tokens, report, should_stop, lock)
+        texts.append(drawn)
+    audit = _compare([Counter(texts[0]), Counter(texts[1])], num_samples, num_tokens)
+    if len(texts) == 2:
+        return audit
+    differing = sum(mine != alone for mine, alone in zip(texts[0], texts[2], strict=True))
+    return replace(
+        audit,
+        passes=audit.passes and differing == 0,
+        verdict=f"{audit.verdict} {invariance_sentence(differing, num_samples)}",
+        differing=differing,
+    )
+
+
+def _sides(
+    target: torch.nn.Module, drafter: Drafter, eos_token_ids: frozenset[int], sampling: SamplingConfig, bug: str
+) -> list[tuple[BatchDecoder, SamplingConfig, int]]:
+    """Each side's decoder, settings and block of seeds (block b: seeds sampling.seed + b * num_samples + i): the
+    speculative side with the bug planted, the target alone on other seeds, and under the coupled rule the target
+    alone under the same noise on the speculative side's seeds."""
+
+    def decoder(drafter_used: Drafter, verify: Verify = verify_rows, noise: Noise = position_noise) -> BatchDecoder:
+        return BatchDecoder(target, drafter_used, eos_token_ids, verify, noise=noise)  # type: ignore[arg-type]
+
+    if not sampling.is_coupled:
+        return [(decoder(drafter, verifier(bug)), sampling, 0), (decoder(NoDrafter()), sampling, 1)]
+    noise = noise_for(bug)
+    return [
+        (decoder(drafter, noise=noise), sampling, 0),
+        (decoder(NoDrafter()), replace(sampling, rule="standard"), 1),  # exact by code that shares no noise with it
+        (decoder(NoDrafter(), noise=noise), sampling, 0),  # the same noise and seeds: each seed's very text
+    ]
 
 
 def _draw(

@@ -1,5 +1,6 @@
 """Pure: how a sample of tokens fits a distribution (TV, Pearson's chi-square, the band of TV that sampling noise
-alone reaches), and how two samples compare; one verdict sentence."""
+alone reaches), and how two samples compare; one verdict sentence, and one for whether a seed's text is the same
+whatever drafted it."""
 
 # V = vocab_size, C = cells (distinct sequences)
 
@@ -62,13 +63,18 @@ class PositionFit:
     noise_tv: float  # the NOISE_QUANTILE of TV from sampling noise alone at this many samples
     p_value: float  # chi-square goodness of fit
     impossible: int  # tokens emitted that the target gives probability 0
+    label: str = ""  # how a sentence names what was tested, where it is not the position alone
 
     @property
     def passes(self) -> bool:
         return self.impossible == 0 and self.p_value > MIN_P_VALUE
 
+    @property
+    def where(self) -> str:
+        return self.label or f"position {self.position + 1}"
 
-def fit(position: int, counts: torch.Tensor, probs: torch.Tensor) -> PositionFit:  # [V], [V]
+
+def fit(position: int, counts: torch.Tensor, probs: torch.Tensor, label: str = "") -> PositionFit:  # [V], [V]
     samples = int(counts.sum())
     return PositionFit(
         position=position,
@@ -77,6 +83,7 @@ def fit(position: int, counts: torch.Tensor, probs: torch.Tensor) -> PositionFit
         noise_tv=noise_tv(probs, samples, NOISE_QUANTILE),
         p_value=chi_square_pvalue(counts, probs) if samples else 1.0,
         impossible=int(counts[probs == 0].sum()),
+        label=label,
     )
 
 
@@ -89,8 +96,8 @@ def verdict_sentence(fits: Sequence[PositionFit], what: str) -> str:
         widest = max(tested, key=lambda f: f.tv / max(f.noise_tv, 1e-300))
         return (
             f"Lossless: {what} follow the target at every position (smallest chi-square p-value {worst.p_value:.3g} "
-            f"at position {worst.position + 1}, above {MIN_P_VALUE:g}; largest TV {widest.tv:.4f} at position "
-            f"{widest.position + 1}, against {widest.noise_tv:.4f} from sampling noise alone)."
+            f"at {worst.where}, above {MIN_P_VALUE:g}; largest TV {widest.tv:.4f} at {widest.where}, against "
+            f"{widest.noise_tv:.4f} from sampling noise alone)."
         )
     first = failing[0]
     why = (
@@ -99,8 +106,21 @@ def verdict_sentence(fits: Sequence[PositionFit], what: str) -> str:
         else f"chi-square p-value {first.p_value:.3g} ≤ {MIN_P_VALUE:g}"
     )
     return (
-        f"Not lossless: at position {first.position + 1} {what} do not follow the target ({why}; TV {first.tv:.4f} "
+        f"Not lossless: at {first.where} {what} do not follow the target ({why}; TV {first.tv:.4f} "
         f"against {first.noise_tv:.4f} from sampling noise alone, over {first.samples:,} samples)."
+    )
+
+
+def invariance_sentence(differing: int, num_seeds: int) -> str:
+    """One sentence: whether each seed's speculative text is the target alone's text for that seed."""
+    if differing == 0:
+        return (
+            f"Same text for any drafter: for all {num_seeds:,} seeds the speculative text is the target alone's "
+            "text for that seed."
+        )
+    return (
+        f"Not the same text for any drafter: for {differing:,} of {num_seeds:,} seeds the speculative text differs "
+        "from the target alone's text for that seed."
     )
 
 

@@ -1,7 +1,9 @@
 """Toy mode, pure: N rounds of K drafts from a draft q, verified against a target p by the rule (or a planted bug);
-the tokens emitted at each position must follow p."""
+the tokens emitted at each position must follow p. Under the coupled rule, N texts of K + 2 tokens, one seed each,
+drafted and verified round by round with the noise (or a planted noise bug): each position and the first two tokens
+together must follow p, and each text must be the target alone's text for its seed."""
 
-# N = samples, K = num_draft_tokens, W = num_candidates, V = vocab_size
+# N = samples, K = num_draft_tokens, W = num_candidates, V = vocab_size, L = text length under the coupled rule (K+2)
 
 from __future__ import annotations
 
@@ -10,8 +12,17 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.audit.bugs import verifier
-from specdemo.audit.statistics import NOISE_QUANTILE, PositionFit, fit, noise_tv, tv_distance, verdict_sentence
+from specdemo.audit.bugs import COUPLED_BUGS, batch_noise, verifier
+from specdemo.audit.statistics import (
+    NOISE_QUANTILE,
+    PositionFit,
+    fit,
+    invariance_sentence,
+    noise_tv,
+    tv_distance,
+    verdict_sentence,
+)
+from specdemo.core.coupled import coupled_choice, coupled_top, gumbel_noise, mix64, verify_coupled
 from specdemo.core.verify import CandidateVerdict
 
 MAX_TOY_VOCAB = 32
@@ -52,11 +63,13 @@ class ToyAudit:
 
     target: list[float]  # p
     draft: list[float]  # q, what the draft sampled from
-    counts: list[list[int]]  # [K+1][V]
+    counts: list[list[int]]  # [K+1][V] by position in the round; coupled rule: [L][V] by position in the text
     fits: list[PositionFit]
     tv_curve: list[tuple[int, float, float]]  # (N so far, TV at the first position, its noise band top)
     verdict: str
     passes: bool
+    pair: PositionFit | None = None  # coupled rule: the first two tokens together against p × p
+    differing: int | None = None  # coupled rule: seeds whose text is not the target alone's for that seed
 
 
 def toy_audit(
@@ -67,10 +80,13 @@ def toy_audit(
     num_candidates: int = 1,
     bug: str = "none",
     seed: int = 0,
+    rule: str = "standard",  # SamplingConfig.rule: "coupled" runs coupled_toy_audit
 ) -> ToyAudit:
     """N rounds of K drafts (W i.i.d. candidates each) from q, verified against p; the tokens emitted at each
     position must follow p. The engine's rule decides (verify_rows), with the bug planted around it."""
     assert target.shape == draft.shape and target.ndim == 1, "p and q are [V] alike"
+    if rule == "coupled":
+        return coupled_toy_audit(target, draft, num_draft_tokens, num_samples, num_candidates, bug, seed)
     vocab_size, k, w = len(target), num_draft_tokens, num_candidates
     generator = torch.Generator(device=target.device).manual_seed(seed)
     p, q = target.float(), draft.float()
@@ -100,6 +116,107 @@ def toy_audit(
         verdict=verdict_sentence(fits, "the emitted tokens"),
         passes=all(f.passes for f in fits),
     )
+
+
+def coupled_toy_audit(
+    target: torch.Tensor,  # [V] p
+    draft: torch.Tensor,  # [V] q
+    num_draft_tokens: int,
+    num_samples: int,
+    num_candidates: int = 1,
+    bug: str = "none",  # one of COUPLED_BUGS, planted in the noise
+    seed: int = 0,
+) -> ToyAudit:
+    """N texts of K + 2 tokens (a round's worth and the next round's first), one seed each: drafted from q with the
+    rule's noise and verified against p by verify_coupled with the noise `bug` names, round by round, as the engine
+    does. Each position, and the first two tokens together, must follow p; each text must be the target alone's."""
+    if bug not in COUPLED_BUGS:
+        raise ValueError(f"Unknown bug {bug!r} for the coupled rule: pick one of {', '.join(map(repr, COUPLED_BUGS))}.")
+    p, q, vocab_size, length = target.double(), draft.double(), len(target), num_draft_tokens + 2
+    first_seed = mix64(torch.tensor([seed], dtype=torch.int64, device=target.device))  # [1] far from seed + 1's rows
+    counts = torch.zeros(length, vocab_size, dtype=torch.long, device=target.device)  # [L, V]
+    pairs = torch.zeros(vocab_size * vocab_size, dtype=torch.long, device=target.device)  # [V * V]
+    curve, done, differing = [], 0, 0
+    for size in _chunks(num_samples):
+        seeds = first_seed + torch.arange(done, done + size, device=target.device)  # [n]
+        texts = _coupled_texts(p, q, num_draft_tokens, num_candidates, bug, seeds, length)  # [n, L]
+        differing += int((texts != _target_alone_texts(p, bug, seeds, length)).any(dim=1).sum())
+        for position in range(length):
+            counts[position] += torch.bincount(texts[:, position], minlength=vocab_size)
+        pairs += torch.bincount(texts[:, 0] * vocab_size + texts[:, 1], minlength=vocab_size * vocab_size)
+        done += size
+        curve.append((done, tv_distance(counts[0], p), noise_tv(p, done, NOISE_QUANTILE)))
+    fits = [fit(position, counts[position], p) for position in range(length)]
+    pair = fit(0, pairs, torch.outer(p, p).flatten(), "positions 1 and 2 together")
+    verdict = verdict_sentence([*fits, pair], "the emitted tokens")
+    return ToyAudit(
+        target=target.tolist(),
+        draft=draft.tolist(),
+        counts=counts.tolist(),
+        fits=fits,
+        tv_curve=curve,
+        verdict=f"{verdict} {invariance_sentence(differing, num_samples)}",
+        passes=all(f.passes for f in [*fits, pair]) and differing == 0,
+        pair=pair,
+        differing=differing,
+    )
+
+
+def _coupled_texts(
+    target: torch.Tensor,  # [V] p
+    draft: torch.Tensor,  # [V] q
+    num_draft_tokens: int,
+    num_candidates: int,
+    bug: str,
+    seeds: torch.Tensor,  # [N] int64
+    length: int,  # L
+) -> torch.Tensor:  # [N, L] the speculative texts
+    """Rounds until every text has L tokens: the drafter draws with the rule's noise (as every drafter does: W distinct
+    first tokens by Gumbel-top-k, then each beam's argmax), the rule decides with the noise `bug` names."""
+    k, vocab_size, device = num_draft_tokens, len(target), seeds.device
+    width = min(num_candidates, vocab_size)  # W distinct first tokens at most
+    texts = torch.full((len(seeds), length), -1, dtype=torch.int64, device=device)
+    lengths = torch.zeros(len(seeds), dtype=torch.int64, device=device)  # [N] each NoiseAsk.start
+    rounds = torch.zeros_like(lengths)  # [N] each NoiseAsk.round_index
+    while (active := (lengths < length).nonzero().squeeze(1)).numel():
+        starts = lengths[active]  # [n]
+        drafter_noise = gumbel_noise(seeds[active], starts[:, None] + torch.arange(k, device=device), vocab_size)
+        firsts = coupled_top(draft, drafter_noise[:, 0], width)  # [n, W]
+        rest = coupled_choice(draft, drafter_noise[:, 1:])  # [n, K-1]
+        ids = torch.cat([firsts[..., None], rest[:, None].expand(-1, width, -1)], dim=2)  # [n, W, K]
+        noise = batch_noise(bug, seeds[active], starts, k + 1, rounds[active], ids[:, 0], vocab_size)  # [n, K+1, V]
+        n = len(active)
+        verdict = verify_coupled(
+            ids,
+            torch.full((n, width), k, device=device),
+            draft.expand(n, width, k, -1),
+            target.expand(n, width, k + 1, -1),
+            noise,
+        )
+        emitted = emitted_by_position(verdict, ids)  # [n, K+1]
+        places = starts[:, None] + torch.arange(k + 1, device=device)  # [n, K+1] in the text
+        kept = (emitted >= 0) & (places < length)
+        texts[active[:, None].expand_as(places)[kept], places[kept]] = emitted[kept]
+        lengths[active] += verdict.num_accepted + 1
+        rounds[active] += 1
+    return texts
+
+
+def _target_alone_texts(
+    target: torch.Tensor,  # [V] p
+    bug: str,
+    seeds: torch.Tensor,  # [N] int64
+    length: int,  # L
+) -> torch.Tensor:  # [N, L]
+    """Target-only decoding under the same noise: one token a round, as the engine asks for it (start t, round t, no
+    draft)."""
+    alone = torch.empty(len(seeds), length, dtype=torch.int64, device=seeds.device)
+    no_draft = torch.empty(len(seeds), 0, dtype=torch.int64, device=seeds.device)  # [N, 0]
+    for position in range(length):
+        at = torch.full_like(seeds, position)  # [N]
+        noise = batch_noise(bug, seeds, at, 1, at, no_draft, len(target))  # [N, 1, V]
+        alone[:, position] = coupled_choice(target, noise[:, 0])
+    return alone
 
 
 def _chunks(total: int) -> list[int]:

@@ -1,0 +1,141 @@
+"""The coupled rule ("same text for any drafter") on the offline model, two questions:
+
+`identity`: is coupled speculative text the coupled target-only text, token for token, over the whole grid: every
+offline drafter kind (prompt lookup, suffix, recurrent, hybrid, and the model drafting for itself at draft temperature
+1.5), K in {1, 4, 16}, W in {1, 3}, B in {1, 8}, eight rows (T 0.7 and 1.0, top-p 1 and 0.9, two seeds each)? Exits 1
+if any row differs.
+
+`cost`: tokens per target pass under each rule, sampled (no greedy), for the suffix, draft-model (the model drafting
+for itself at 1.5), recurrent and hybrid pairs at T = 0.7 and 1.0: every prompt of the set with --seeds seeds, each
+rule's runs in one batch with no cut (each row's tokens are those it gets alone), the rules interleaved pair by pair.
+Prints per pair and T the two rules' tokens per pass, their ratio, and the spread of the ratio over the seeds.
+
+    python -m benchmarks.coupled identity --dtype float32
+    python -m benchmarks.coupled cost --prompts benchmarks/prompts/coupled-fresh.jsonl --dtype float32
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+from benchmarks.common import load, parser
+from specdemo import LoadedModel
+from specdemo.bench.prompts import read_prompts_file
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.drafters import Drafter, ModelDrafter, NoDrafter
+from specdemo.engine.decoding import batch_generate
+from specdemo.engine.drafting import build_drafter
+from specdemo.models.loading import chat_prompt_ids
+
+SETTINGS = [(0.7, 1.0), (0.7, 0.9), (1.0, 1.0), (1.0, 0.9)]  # temperature, top-p
+IDENTITY_TEXTS = ("The quick brown fox jumps over the lazy dog. The quick brown", "Name three rivers in Europe:")
+SELF_DRAFT_TEMPERATURE = 1.5  # the self-drafting pair's
+
+
+def drafter(kind: str, loaded: LoadedModel) -> Drafter:
+    """A fresh drafter of an offline kind, or "self": the target drafting for itself at its pair's temperature."""
+    if kind == "self":
+        return ModelDrafter(loaded.model, None, loaded.vocab_size)
+    return NoDrafter() if kind == "none" else build_drafter(kind, loaded)
+
+
+def decode(
+    loaded: LoadedModel,
+    kind: str,
+    prompts: Sequence[list[int]],
+    rows: Sequence[SamplingConfig],
+    spec: SpeculativeConfig,
+    batch_size: int,
+) -> tuple[list[list[int]], list[int]]:
+    """Each row's tokens and its rounds (one target pass each), `batch_size` rows at a time, no cut."""
+    if kind == "self":
+        spec = replace(spec, draft_temperature=SELF_DRAFT_TEMPERATURE)
+    texts: dict[int, list[int]] = {i: [] for i in range(len(rows))}
+    rounds = dict.fromkeys(range(len(rows)), 0)
+    every = [prompts[i % len(prompts)] for i in range(len(rows))]
+    for index, round_ in batch_generate(
+        loaded.model, drafter(kind, loaded), every, list(rows), spec, loaded.eos_token_ids, batch_size
+    ):
+        texts[index].extend(round_.emitted_token_ids)
+        rounds[index] += 1
+    return [texts[i] for i in range(len(rows))], [rounds[i] for i in range(len(rows))]
+
+
+def identity(loaded: LoadedModel, max_new_tokens: int) -> dict:
+    prompts = [loaded.tokenizer(text)["input_ids"] for text in IDENTITY_TEXTS]
+    rows = [
+        SamplingConfig(temperature=t, top_p=p, rule="coupled", seed=2 * i + j)
+        for i, (t, p) in enumerate(SETTINGS)
+        for j in range(2)
+    ]
+    base = SpeculativeConfig(max_new_tokens=max_new_tokens)
+    alone, _ = decode(loaded, "none", prompts, rows, base, 1)
+    differing = 0
+    for kind in ("ngram", "suffix", "recurrent", "hybrid", "self"):
+        for num_draft in (1, 4, 16):
+            for width in (1, 3):
+                for batch_size in (1, 8):
+                    spec = replace(base, num_draft_tokens=num_draft, num_candidates=width)
+                    got, _ = decode(loaded, kind, prompts, rows, spec, batch_size)
+                    differ = [i for i, (a, b) in enumerate(zip(got, alone, strict=True)) if a != b]
+                    differing += len(differ)
+                    line = dict(kind=kind, K=num_draft, W=width, B=batch_size, rows=len(rows), differ=differ)
+                    print(json.dumps(line), flush=True)
+    result = {"rows_compared": 5 * 3 * 2 * 2 * len(rows), "rows_differing": differing, "passes": not differing}
+    print(json.dumps(result))
+    return result
+
+
+def cost(loaded: LoadedModel, prompts_file: str, seeds: int, max_new_tokens: int, num_draft: int) -> dict:
+    prompts = [chat_prompt_ids(loaded, p.text)[0].tolist() for p in read_prompts_file(prompts_file).prompts]
+    every = [p for p in prompts for _ in range(seeds)]
+    spec = SpeculativeConfig(num_draft_tokens=num_draft, max_new_tokens=max_new_tokens)
+    lines = []
+    for kind in ("suffix", "self", "recurrent", "hybrid"):
+        for temperature in (0.7, 1.0):
+            per_pass: dict[str, list[float]] = {}
+            for rule in ("standard", "coupled"):
+                rows = [SamplingConfig(temperature=temperature, rule=rule, seed=i % seeds) for i in range(len(every))]
+                texts, rounds = decode(loaded, kind, every, rows, spec, len(every))
+                per_pass[rule] = [len(t) / r for t, r in zip(texts, rounds, strict=True)]
+            standard, coupled = (statistics.mean(per_pass[r]) for r in ("standard", "coupled"))
+            by_seed = [  # the ratio of the means over each seed's rows
+                statistics.mean(per_pass["coupled"][s::seeds]) / statistics.mean(per_pass["standard"][s::seeds])
+                for s in range(seeds)
+            ]
+            line = dict(
+                pair=kind,
+                temperature=temperature,
+                rows=len(every),
+                standard_tokens_per_pass=round(standard, 3),
+                coupled_tokens_per_pass=round(coupled, 3),
+                coupled_over_standard=round(coupled / standard, 3),
+                ratio_by_seed=[round(r, 3) for r in by_seed],
+            )
+            print(json.dumps(line), flush=True)
+            lines.append(line)
+    return {"pairs": lines, "passes": True}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    flags = parser(__doc__.split("\n\n")[0])
+    flags.add_argument("question", choices=["identity", "cost"])
+    flags.add_argument("--prompts", default="benchmarks/prompts/coupled-fresh.jsonl")
+    flags.add_argument("--seeds", type=int, default=3)
+    flags.add_argument("--max-new-tokens", type=int, default=None, help="default: 16 (identity), 64 (cost)")
+    flags.add_argument("--num-draft-tokens", type=int, default=8)
+    args = flags.parse_args(argv)
+    loaded = load(args)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 16 if args.question == "identity" else 64
+    if args.question == "identity":
+        return identity(loaded, args.max_new_tokens)
+    return cost(loaded, args.prompts, args.seeds, args.max_new_tokens, args.num_draft_tokens)
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main()["passes"] else 1)

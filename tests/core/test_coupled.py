@@ -1,0 +1,186 @@
+"""The coupled rule's parts (core/coupled.py): the noise is splitmix64 of (seed, position, id) bit for bit and depends
+on nothing else, it is standard Gumbel noise, the rule is the tree walk written as a plain loop, it is Gumbel-max with
+nothing drafted and the greedy walk for one-hot p, and the match chance it predicts is the rate it gets."""
+
+# B = rows, W = num_candidates, K = num_draft_tokens, V = vocab_size
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdemo.config import SamplingConfig
+from specdemo.core.coupled import (
+    POSITION_SALT,
+    coupled_choice,
+    coupled_top,
+    gumbel_noise,
+    match_probability,
+    noise_bits,
+    verify_coupled,
+)
+from specdemo.core.verify import verify_rows
+
+MASK = 2**64 - 1
+GAMMA, MIX_1, MIX_2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def mix64_reference(value: int) -> int:
+    """splitmix64's finaliser on Python's unbounded ints, masked to 64 bits (Vigna's reference, line by line)."""
+    z = value & MASK
+    z = ((z ^ (z >> 30)) * MIX_1) & MASK
+    z = ((z ^ (z >> 27)) * MIX_2) & MASK
+    return z ^ (z >> 31)
+
+
+def bits_reference(seed: int, position: int, token: int) -> int:  # uint64 as a Python int
+    key = mix64_reference(seed * POSITION_SALT + (position + 1) * GAMMA)
+    return mix64_reference(key + (token + 1) * GAMMA)
+
+
+def test_the_noise_bits_are_splitmix64_of_the_positions_key_bit_for_bit():
+    """Pinned to a plain reference in Python integers, so any device that computes them (the GPU check compares CUDA's)
+    has one answer to match."""
+    seeds = [0, 1, 12345, 2**53 - 1]
+    positions = [[0, 7, 4095], [1, 2, 3], [100, 0, 9], [2047, 2048, 5]]
+    got = noise_bits(torch.tensor(seeds), torch.tensor(positions), 50)  # [4, 3, 50] int64
+    for r, seed in enumerate(seeds):
+        for c, position in enumerate(positions[r]):
+            for token in (0, 1, 31, 49):
+                assert int(got[r, c, token]) & MASK == bits_reference(seed, position, token), (seed, position, token)
+
+
+def test_a_positions_noise_depends_on_its_seed_position_and_id_alone():
+    """The same G_t whatever rows stand beside it, whichever positions are asked with it, and however large the
+    vocabulary asked (a prefix of ids): and another seed or position gives other noise."""
+    whole = gumbel_noise(torch.tensor([3, 9]), torch.arange(20).expand(2, -1), 64)  # [2, 20, 64]
+    alone = gumbel_noise(torch.tensor([9]), torch.tensor([[5, 6, 7]]), 32)  # [1, 3, 32]
+    assert torch.equal(alone[0], whole[1, 5:8, :32])
+    assert not torch.equal(whole[0], whole[1])  # seeds
+    assert not torch.equal(whole[0, 0], whole[0, 1])  # positions
+
+
+def test_the_noise_is_standard_gumbel():
+    """200,000 values: the mean is Euler's constant and the variance pi^2 / 6, each within 5 standard errors, and
+    exp(-exp(-G)) (the uniform it came from) has the uniform's quartiles."""
+    noise = gumbel_noise(torch.arange(2000), torch.zeros(2000, 1, dtype=torch.long), 100).flatten()  # [200,000]
+    assert bool(torch.isfinite(noise).all())
+    count = noise.numel()
+    variance = math.pi**2 / 6
+    assert abs(float(noise.mean()) - 0.5772156649) < 5 * math.sqrt(variance / count)
+    assert abs(float(noise.var()) - variance) < 5 * math.sqrt(4.4 * variance**2 / count)  # kurtosis 5.4
+    uniforms = torch.exp(-torch.exp(-noise))
+    quartiles = torch.quantile(uniforms[:100_000], torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+    assert torch.allclose(quartiles, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64), atol=0.005)
+
+
+def walk_reference(ids, lengths, target_probs, noise) -> tuple[int, int, int, list[int]]:
+    """The rule for one row as a plain loop: at each depth y = argmax(log p + G) at the path's node; the first
+    candidate still on the path whose token is y is taken; else y is emitted. (path, accepted, next token, y's)."""
+    num_candidates, num_draft = ids.shape
+    alive = [w for w in range(num_candidates) if lengths[w] > 0]
+    path, accepted, choices = 0, 0, []
+    for depth in range(num_draft + 1):
+        y = int((target_probs[path, depth].double().log() + noise[depth]).argmax())
+        choices.append(y)
+        taken = [w for w in alive if lengths[w] > depth and int(ids[w, depth]) == y]
+        if depth == num_draft or not taken:
+            return path, accepted, y, choices
+        path, accepted = taken[0], accepted + 1
+        alive = [w for w in alive if lengths[w] > depth and int(ids[w, depth]) == y]
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("num_candidates", [1, 3])
+def test_the_rule_is_the_tree_walk(num_candidates):
+    """Random rows whose candidates share prefixes and often match the target's choice, ragged lengths and empty
+    candidates: the vectorised rule equals the loop, row by row, and tests and accepts what the walk does."""
+    generator = torch.Generator().manual_seed(num_candidates)
+    rows, depth, vocab = 300, 4, 6
+    target = torch.softmax(3 * torch.randn(rows, 1, depth + 1, vocab, generator=generator), -1)
+    target = target.expand(-1, num_candidates, -1, -1).clone()  # [B, W, K+1, V]: candidates on one path share p
+    noise = gumbel_noise(torch.arange(rows), torch.arange(depth + 1).expand(rows, -1), vocab)  # [B, K+1, V]
+    choices = coupled_choice(target[:, 0], noise)  # [B, K+1] what each depth's p and G pick
+    ids = torch.randint(0, vocab, (rows, num_candidates, depth), generator=generator)
+    agree = torch.rand(rows, num_candidates, depth, generator=generator) < 0.6
+    ids = torch.where(agree, choices[:, None, :depth], ids)  # often the target's choice
+    lengths = torch.randint(0, depth + 1, (rows, num_candidates), generator=generator)
+    draft = torch.softmax(torch.randn(rows, num_candidates, depth, vocab, generator=generator), -1)
+    verdict = verify_coupled(ids, lengths, draft, target, noise)
+    for b in range(rows):
+        path, accepted, next_id, walk = walk_reference(ids[b], lengths[b], target[b], noise[b])
+        assert (int(verdict.num_accepted[b]), int(verdict.next_token_ids[b])) == (accepted, next_id), b
+        assert verdict.choices[b, : accepted + 1].tolist() == walk, b
+        if accepted:
+            assert int(verdict.path[b]) == path, b
+        assert int(verdict.accepted[b].sum()) == accepted, b
+    assert 0 < int(verdict.num_accepted.sum()) and bool((verdict.num_accepted == depth).any())
+
+
+def test_with_nothing_drafted_it_is_gumbel_max_and_the_top_w_start_with_it():
+    probs = torch.softmax(torch.randn(40, 1, 1, 9, generator=torch.Generator().manual_seed(0)), -1)
+    noise = gumbel_noise(torch.arange(40), torch.zeros(40, 1, dtype=torch.long), 9)
+    empty = torch.zeros(40, 1, 0, dtype=torch.long)
+    verdict = verify_coupled(empty, torch.zeros(40, 1, dtype=torch.long), probs[:, :, :0], probs, noise)
+    assert torch.equal(verdict.next_token_ids, (probs[:, 0, 0].log() + noise[:, 0]).argmax(-1))
+    top = coupled_top(probs[:, 0, 0], noise[:, 0], 3)
+    assert torch.equal(top[:, 0], verdict.next_token_ids) and bool((top[:, 0] != top[:, 1]).all())
+
+
+def test_for_one_hot_p_it_decides_what_the_greedy_rule_decides():
+    """Greedy is the same walk with no noise: with one-hot p the coupled rule's verdict is the standard rule's."""
+    generator = torch.Generator().manual_seed(1)
+    rows, width, depth, vocab = 200, 3, 3, 5
+    argmaxes = torch.randint(0, vocab, (rows, 1, depth + 1), generator=generator).expand(-1, width, -1)
+    target = torch.nn.functional.one_hot(argmaxes, vocab).float()  # [B, W, K+1, V]
+    ids = torch.where(
+        torch.rand(rows, width, depth, generator=generator) < 0.7,
+        argmaxes[..., :depth],
+        torch.randint(0, vocab, (rows, width, depth), generator=generator),
+    )
+    lengths = torch.randint(1, depth + 1, (rows, width), generator=generator)
+    draft = torch.nn.functional.one_hot(ids, vocab).float()
+    noise = gumbel_noise(torch.arange(rows), torch.arange(depth + 1).expand(rows, -1), vocab)
+    uniforms = torch.rand(rows, depth * width + 1, dtype=torch.float64, generator=generator)
+    coupled, standard = (
+        verify_coupled(ids, lengths, draft, target, noise),
+        verify_rows(ids, lengths, draft, target, uniforms),
+    )
+    for name in ("num_accepted", "next_token_ids", "accepted", "tested"):
+        assert torch.equal(getattr(coupled, name), getattr(standard, name)), name
+    assert torch.equal(coupled.path[coupled.num_accepted > 0], standard.path[standard.num_accepted > 0])
+
+
+def test_the_predicted_match_chance_brackets_the_exact_sum_and_the_measured_rate():
+    """sum_v 1 / sum_u max(p(u)/p(v), q(u)/q(v)) on a toy vocabulary, against 200,000 seeds' draws; its bounds hold
+    the exact value, are tight when they cover the vocabulary, sit at or above (1 - TV) / (1 + TV) and at or below
+    1 - TV, and equal p(x) for a one-hot q at x."""
+    generator = torch.Generator().manual_seed(2)
+    vocab, draws = 12, 200_000
+    noise = gumbel_noise(torch.arange(draws), torch.zeros(draws, 1, dtype=torch.long), vocab)[:, 0]  # [N, V]
+    for _ in range(3):
+        p = torch.softmax(2 * torch.randn(vocab, generator=generator, dtype=torch.float64), -1)
+        q = torch.softmax(2 * torch.randn(vocab, generator=generator, dtype=torch.float64), -1)
+        exact = sum(1 / sum(max(p[u] / p[v], q[u] / q[v]) for u in range(vocab)) for v in range(vocab))
+        low, high = match_probability(p, q, top=4, support=6)
+        assert float(low) <= float(exact) <= float(high)
+        tight_low, tight_high = match_probability(p, q)
+        assert float(tight_low) == pytest.approx(float(exact), abs=1e-12) == float(tight_high)
+        measured = float(
+            (coupled_choice(p.expand(draws, -1), noise) == coupled_choice(q.expand(draws, -1), noise)).double().mean()
+        )
+        assert abs(measured - float(exact)) < 5 * math.sqrt(float(exact) * (1 - float(exact)) / draws)
+        tv = 0.5 * float((p - q).abs().sum())
+        assert (1 - tv) / (1 + tv) - 1e-12 <= float(exact) <= 1 - tv + 1e-12
+    one_hot = torch.nn.functional.one_hot(torch.tensor(3), vocab).double()
+    assert float(match_probability(p, one_hot)[0]) == pytest.approx(float(p[3]), abs=1e-12)
+
+
+def test_a_seed_outside_the_range_gets_one_sentence_naming_it():
+    for seed in (-1, 2**63):
+        with pytest.raises(ValueError, match=r"^seed must be between 0 and 9223372036854775807, got -?\d+\.$"):
+            SamplingConfig(temperature=0.7, rule="coupled", seed=seed)
+    with pytest.raises(ValueError, match=r"^rule must be 'standard' or 'coupled', got 'gumbel'\.$"):
+        SamplingConfig(rule="gumbel")

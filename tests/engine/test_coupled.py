@@ -1,0 +1,161 @@
+"""Same seed, same text: under the coupled rule a sampled speculative run writes the target-only run's text for its
+seed, token for token, for every drafter kind, K in {1, 4, 16}, W in {1, 3}, B in {1, 8}, T in {0.7, 1.0}, with and
+without top-p 0.9, on the tiny models (float64) and on the offline model (float32 and bfloat16: a smaller grid here,
+the whole one in `python -m benchmarks.coupled identity`); beside standard-rule rows in one batch; and on the GPU's
+fixed-shape passes dry-run on the CPU."""
+
+# B = rows, K = num_draft_tokens, W = num_candidates
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specdemo.audit.bugs import noise_for
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.coupled import Noise, position_noise
+from specdemo.drafters import Drafter, NoDrafter
+from specdemo.engine.decoding import BatchDecoder
+from specdemo.engine.drafting import build_drafter
+from specdemo.models import passes
+from specdemo.models.loading import OFFLINE_DEFAULT, load_model, native_bfloat16
+from tests.helpers import tiny_drafter
+
+KINDS = ("ngram", "suffix", "model", "recurrent", "hybrid")
+SETTINGS = [(0.7, 1.0), (0.7, 0.9), (1.0, 1.0), (1.0, 0.9)]  # temperature, top-p
+TINY_PROMPTS = ([0, 5, 9, 5, 9, 12, 7, 5, 9], [0, 10, 19, 5, 21, 5, 13, 13, 21, 4])
+
+
+def samplings(seed: int = 0) -> list[SamplingConfig]:
+    """Eight rows: each setting with two seeds."""
+    return [
+        SamplingConfig(temperature=t, top_p=p, rule="coupled", seed=seed + 2 * i + j)
+        for i, (t, p) in enumerate(SETTINGS)
+        for j in range(2)
+    ]
+
+
+def texts(
+    target: torch.nn.Module,
+    drafter: Drafter,
+    prompts: Sequence[list[int]],
+    rows: Sequence[SamplingConfig],
+    spec: SpeculativeConfig,
+    batch_size: int,
+    noise: Noise = position_noise,
+) -> list[list[int]]:
+    """Each row's tokens, `batch_size` rows decoded at a time (a finished row's place goes to the next)."""
+    decoder = BatchDecoder(target, drafter, frozenset(), noise=noise)
+    out: dict[Hashable, list[int]] = {i: [] for i in range(len(rows))}
+    waiting = list(range(len(rows)))
+    while waiting or decoder.rows:
+        while waiting and len(decoder.rows) < batch_size:
+            i = waiting.pop(0)
+            decoder.add(i, prompts[i % len(prompts)], rows[i], spec)
+        for key, outcome in decoder.step():
+            assert not isinstance(outcome, Exception), outcome
+            out[key].extend(outcome.emitted_token_ids)
+    return [out[i] for i in range(len(rows))]
+
+
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_target, tiny_draft, tiny_trained_head):
+    """The tiny models, and each row's target-only coupled text, decoded one row at a time."""
+    rows, spec = samplings(), SpeculativeConfig(max_new_tokens=NEW_TOKENS)
+    alone = texts(tiny_target, NoDrafter(), TINY_PROMPTS, rows, spec, 1)
+    return tiny_target, tiny_draft, tiny_trained_head, alone
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("num_draft", [1, 4, 16])
+@pytest.mark.parametrize("width", [1, 3])
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_coupled_speculative_text_is_target_only_text(tiny, kind, num_draft, width, batch_size):
+    """Eight rows (T 0.7 and 1.0, top-p 1 and 0.9, two seeds each), decoded one at a time or as one batch, against the
+    target alone, token for token."""
+    target, draft, head, alone = tiny
+    spec = SpeculativeConfig(num_draft_tokens=num_draft, num_candidates=width, max_new_tokens=NEW_TOKENS)
+    got = texts(target, tiny_drafter(kind, draft, head), TINY_PROMPTS, samplings(), spec, batch_size)
+    assert got == alone, [i for i, (a, b) in enumerate(zip(got, alone, strict=True)) if a != b]
+
+
+def test_seeds_matter_and_the_drafts_are_tested(tiny):
+    """The identity is not vacuous: other seeds give other texts, and the drafts are often accepted."""
+    target, draft, head, alone = tiny
+    assert len({tuple(text) for text in alone}) == len(alone)
+    spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=3, max_new_tokens=NEW_TOKENS)
+    decoder = BatchDecoder(target, tiny_drafter("model", draft, head), frozenset())
+    decoder.add(0, TINY_PROMPTS[0], samplings()[0], spec)
+    rounds = []
+    while decoder.rows:
+        rounds += [outcome for _, outcome in decoder.step()]
+    assert sum(r.num_accepted for r in rounds) >= 4 and len(rounds) < NEW_TOKENS
+    assert all(len(r.coupled) == r.num_accepted + 1 for r in rounds)
+
+
+@pytest.mark.parametrize("bug", ["noise by round", "noise from the draft"])
+def test_planted_noise_bugs_change_the_text_with_the_drafter(tiny, bug):
+    """What the identity tests catch (the audit's planted bugs): noise by round, or noise that reads the draft, gives
+    text that changes with the drafter and K."""
+    target, draft, head, _ = tiny
+    planted = noise_for(bug)
+    rows = samplings()
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=NEW_TOKENS)
+    alone = texts(target, NoDrafter(), TINY_PROMPTS, rows, spec, 8, planted)
+    got = texts(target, tiny_drafter("model", draft, head), TINY_PROMPTS, rows, spec, 8, planted)
+    assert sum(a != b for a, b in zip(got, alone, strict=True)) >= 3
+
+
+def test_coupled_and_standard_rows_share_passes_and_each_writes_its_own_text(tiny):
+    """A batch of both rules: the coupled rows write their target-only text, the standard rows what they write alone."""
+    target, draft, head, alone = tiny
+    rows = samplings()
+    mixed = [row if i % 2 else replace(row, rule="standard") for i, row in enumerate(rows)]
+    spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=3, max_new_tokens=NEW_TOKENS)
+    together = texts(target, tiny_drafter("model", draft, head), TINY_PROMPTS, mixed, spec, 8)
+    one_by_one = texts(target, tiny_drafter("model", draft, head), TINY_PROMPTS, mixed, spec, 1)
+    assert together == one_by_one
+    assert [together[i] for i in range(1, 8, 2)] == [alone[i] for i in range(1, 8, 2)]
+
+
+@pytest.mark.parametrize("kind", ["model", "hybrid"])
+def test_coupled_text_on_the_gpus_fixed_shape_passes(tiny, kind, monkeypatch):
+    """The GPU's path dry-run: fixed-shape passes; coupled rows take the logits and the eager rule."""
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
+    target, draft, head, alone = tiny
+    spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=3, max_new_tokens=NEW_TOKENS)
+    assert texts(target, tiny_drafter(kind, draft, head), TINY_PROMPTS, samplings(), spec, 8) == alone
+    spec = replace(spec, num_candidates=1)
+    assert texts(target, tiny_drafter(kind, draft, head), TINY_PROMPTS, samplings(), spec, 8) == alone
+
+
+OFFLINE_ROWS = samplings()[::2]  # one row a setting, both prompts
+OFFLINE_TEXTS = ("The quick brown fox jumps over the lazy dog. The quick brown", "Name three rivers in Europe:")
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def offline(request, offline_model):
+    """The offline model in float32 (the session's) and bfloat16, and each row's target-only text."""
+    if request.param == "bfloat16":
+        if not native_bfloat16(torch.device("cpu")):
+            pytest.skip("this CPU has no native bfloat16")
+        loaded = load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.bfloat16)
+    else:
+        loaded = offline_model
+    prompts = [loaded.tokenizer(text)["input_ids"] for text in OFFLINE_TEXTS]
+    alone = texts(loaded.model, NoDrafter(), prompts, OFFLINE_ROWS, SpeculativeConfig(max_new_tokens=12), 1)
+    return loaded, prompts, alone
+
+
+@pytest.mark.parametrize("kind", ["ngram", "suffix", "recurrent", "hybrid"])
+def test_coupled_text_on_the_offline_model(offline, kind):
+    """Four rows (one a setting) in one batch, K = 4 and W = 3, against each row's target-only text."""
+    loaded, prompts, alone = offline
+    spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=3, max_new_tokens=12)
+    assert texts(loaded.model, build_drafter(kind, loaded), prompts, OFFLINE_ROWS, spec, 4) == alone
