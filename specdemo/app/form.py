@@ -14,7 +14,14 @@ from typing import Any, Literal
 import gradio as gr
 import torch
 
-from specdemo.config import SamplingConfig, SpeculativeConfig, check_prompt, run_settings, whole_number
+from specdemo.config import (
+    RULE_LABELS,
+    SamplingConfig,
+    SpeculativeConfig,
+    check_prompt,
+    run_settings,
+    whole_number,
+)
 from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_fields
 from specdemo.models.loading import (
     AUTO_DTYPE_HELP,
@@ -79,11 +86,17 @@ def whole(name: str) -> Callable[[Any], int]:
     return lambda value: whole_number(name, value)
 
 
-def run_setting(name: str, control: Control, read_as: str = "", **place: Any) -> Field:
+def run_setting(
+    name: str, control: Control, read_as: str = "", labels: dict[str, str] | None = None, **place: Any
+) -> Field:
     """A row made from a run setting as the config declares it: its default (or what the page shows for None), its
-    limits (or the slider's narrower ends), step and label; `read_as` names a whole number in the page's sentence;
-    `place`: where the page puts it."""
+    limits (or the slider's narrower ends), step and label; `read_as` names a whole number in the page's sentence; a
+    choice among words gets its choices as (label, value) pairs, named by `labels`; `place`: where the page puts it
+    (and its info)."""
     default, spec = RUN_SETTINGS[name]
+    if spec.choices:  # the config checks the value, with its sentence
+        choices = [((labels or {}).get(choice, choice), choice) for choice in spec.choices]
+        return Field(name, control, default, spec.label, choices=choices, **place)
     low, high = spec.shown or (spec.low, spec.high)
     shown_default = spec.shown_default if default is None else default
     read = whole(read_as) if spec.whole else (lambda value: value)
@@ -112,6 +125,11 @@ def _option_rows() -> list[Field]:
     ]
 
 
+RULE_INFO = (  # one sentence on each choice, by the label the page shows it with
+    f"{RULE_LABELS['standard'].capitalize()}: a draft token is accepted with min(1, p/q), exact in distribution; the "
+    f"text depends on the drafter. {RULE_LABELS['coupled'].capitalize()}: one noise per position picks the target's "
+    "token and the draft's, so a sampled run writes the target's own text for its seed, whatever drafts."
+)
 SECTIONS = {"model": None, "sampling": "Sampling", "speculation": "Speculation", "drafter": "Drafter options"}
 RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, so positional clients keep working
     Field(
@@ -131,7 +149,7 @@ RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, s
         elem_id="custom-draft",
         visible=False,
     ),
-    run_setting("temperature", "slider", section="sampling"),
+    run_setting("temperature", "slider", elem_id="temperature", section="sampling"),
     run_setting("top_k", "number", "top-k", section="sampling"),
     run_setting("top_p", "slider", section="sampling"),
     run_setting("repetition_penalty", "slider", section="sampling"),
@@ -156,6 +174,14 @@ RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, s
         read=str,
     ),
     *_option_rows(),
+    run_setting(
+        "rule",
+        "radio",
+        labels=RULE_LABELS,
+        info=RULE_INFO,
+        elem_id="rule",
+        section="sampling",
+    ),
 ]
 
 
@@ -223,7 +249,7 @@ def parse_request(prompt: str, values: dict[str, Any]) -> RunRequest:
         else (find_pair(pair_key))
     )
     sampling = SamplingConfig(
-        read["temperature"], read["top_k"], read["top_p"], read["repetition_penalty"], read["seed"]
+        read["temperature"], read["top_k"], read["top_p"], read["repetition_penalty"], read["seed"], read["rule"]
     )
     speculative = SpeculativeConfig(
         num_draft_tokens=read["num_draft_tokens"],

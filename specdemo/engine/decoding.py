@@ -30,6 +30,13 @@ from specdemo.models.passes import verifier_for
 from specdemo.models.tree_cache import RowRequest
 
 
+def stream_seed(generator: torch.Generator) -> int:
+    """A row's seed for its counter-based draws (the standard rule's uniforms, the coupled rule's noise), drawn from
+    its generator: a row added with sampling.seed and no generator of its own has the seed this gives for a generator
+    seeded with sampling.seed on the target's device."""
+    return seed_from(generator) % 2**SEED_BITS
+
+
 def _eos_cut(token_ids: list[int], eos_token_ids: frozenset[int]) -> int:
     """How many tokens to keep: up to and including the first EOS, since nothing after an EOS is emitted."""
     for position, token in enumerate(token_ids):
@@ -266,7 +273,7 @@ class BatchDecoder:
         generator = generator or torch.Generator(device=self.verifier.device).manual_seed(sampling.seed)
         capacity = len(prompt_ids) + speculative.max_new_tokens
         row = self.rows[key] = _Row(list(prompt_ids), capacity, sampling, speculative, generator, drafting)
-        row.seed = seed_from(generator) % 2**SEED_BITS
+        row.seed = stream_seed(generator)
 
     def remove(self, key: Hashable) -> None:
         """The row leaves at once; the others are untouched."""

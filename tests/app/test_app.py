@@ -96,11 +96,77 @@ def test_the_api_names_every_setting_and_defaults_all_but_the_prompt(client):
     parameters = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]["parameters"]
     assert [p["parameter_name"] for p in parameters] == SETTING_NAMES
     assert SETTING_NAMES[: len(TODAYS_NAMES)] == TODAYS_NAMES  # new settings come after, drafter options first
-    assert SETTING_NAMES[len(TODAYS_NAMES) :] == ["max_ngram_size", "min_ngram_size", "suffix_cache_tokens"]
+    assert SETTING_NAMES[len(TODAYS_NAMES) :] == ["max_ngram_size", "min_ngram_size", "suffix_cache_tokens", "rule"]
     assert [p["parameter_name"] for p in parameters if not p["parameter_has_default"]] == ["prompt"]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
     assert defaults["pair"] == "smollm2-135m-ngram" and defaults["max_new_tokens"] == 128 and defaults["compare"]
-    assert defaults["dtype"] == "auto"
+    assert defaults["dtype"] == "auto" and defaults["rule"] == "standard"
+
+
+def test_the_rule_is_a_choice_on_the_page_in_the_sampling_settings(app):
+    components = httpx.get(f"{app}config").json()["components"]
+    [rule] = [c for c in components if c["props"].get("elem_id") == "rule"]
+    assert rule["type"] == "radio" and rule["props"]["value"] == "standard"
+    assert [list(choice) for choice in rule["props"]["choices"]] == [
+        ["standard", "standard"],
+        ["same text for any drafter", "coupled"],
+    ]
+    assert "min(1, p/q)" in rule["props"]["info"] and "whatever drafts" in rule["props"]["info"]
+
+
+def test_a_sampled_run_under_the_coupled_rule_is_checked_against_the_target_alone_token_for_token(client):
+    """Under the coupled rule a sampled run's text is the target alone's for its seed: the summary says so, and sets
+    the match chance the rule predicts from the run's own p and q beside the measured one; under the standard rule a
+    sampled run's text is another draw, and no check is shown."""
+    sampled = {"temperature": 0.8, "seed": 3, "max_new_tokens": 24}
+    final = client.predict(**settings(**sampled, rule="coupled"), api_name="/generate")
+    summary, trace = final[1], trace_of(final)
+    assert trace["sampling"]["rule"] == "coupled"
+    assert "Same-text check (coupled rule, seed 3): the two texts are **identical**, token for token." in summary
+    assert "tok-accepted" in final[0] and "tok-rejected" in final[0]  # drafts were refused, and the text is the same
+    rounds = trace["rounds"]
+    matched = sum(r["num_accepted"] for r in rounds)
+    tested = sum(min(len(r["draft_token_ids"]), r["num_accepted"] + 1) for r in rounds)
+    assert f"measured: {matched} of {tested} matched" in summary, summary
+    standard = client.predict(**settings(**sampled), api_name="/generate")[1]
+    assert "Speedup" in standard and "check" not in standard and "Theory beside measurement" not in standard
+
+
+def test_the_same_seed_lesson_runs_a_sampled_run_whose_text_is_the_target_alones(app_server):
+    """The lesson's run, as its button starts it (the lesson's own values): the self-drafting pair at temperature 0.8
+    under the coupled rule, drafts refused, and the same text as the target alone's."""
+    from specdemo.app.form import RUN_FIELDS
+    from specdemo.app.panels.lessons import LESSONS
+
+    [lesson] = [lesson for lesson in LESSONS if lesson.key == "same-seed"]
+    updates = list(one_prompt.run_steps(app_server, lesson.prompt, *lesson.values(RUN_FIELDS), run_id="same-seed"))
+    tokens, summary = updates[-1][0], updates[-1][1]
+    assert "Same-text check (coupled rule, seed 0): the two texts are **identical**, token for token." in summary
+    assert "tok-rejected" in tokens  # the draft model's guesses were refused, and the text is still the target's
+    assert "**Theory beside measurement**: from this run's own p and q" in summary
+
+
+def test_the_coupled_rules_chances_are_the_means_over_tested_drafts_beside_the_share_that_matched():
+    """Two drafted positions (the first matched, the second not) and a bonus position, which counts for nothing."""
+    from specdemo.app.views.summary import chances_line, coupled_chances
+    from specdemo.core.rounds import CoupledChoice
+
+    matched = CoupledChoice(5, -0.1, 0.2, 5, -0.1, 0.2, 0.4, 0.5, 0.6)  # 1 - TV 0.4, a match chance of 0.5..0.6
+    missed = CoupledChoice(6, 0.3, 1.0, 9, -1.2, 0.5, 0.2, 0.3, 0.4)
+    bonus = CoupledChoice(7, 0.1, 0.4, None, None, None, None, None, None)
+    rounds = [
+        replace(make_round(0, [5, 9], 1, "resampled", 0.1), coupled=(matched, missed)),
+        replace(make_round(1, [], 0, "bonus", 0.1), coupled=(bonus,)),
+    ]
+    assert chances_line(coupled_chances(rounds)) == (
+        "**Theory beside measurement**: from this run's own p and q at its 2 tested drafts, the coupled rule predicts "
+        "a draft matches the target's token 40% to 50% of the time (the standard rule would accept 30%, 1 − TV); "
+        "measured: 1 of 2 matched (50%)."
+    )
+    assert coupled_chances([make_round(0, [5, 9], 1, "resampled", 0.1)]) is None  # the standard rule's rounds
+    fixed = replace(missed, standard_chance=0.3, coupled_chance=0.3, coupled_chance_high=0.3)  # a one-hot q: p(x)
+    line = chances_line(coupled_chances([replace(rounds[0], coupled=(fixed,))]))
+    assert "token 30% of the time (the standard rule would accept 30%, 1 − TV; the two agree where" in line
 
 
 def test_a_client_that_sends_only_the_prompt_gets_a_full_run(client):
@@ -194,10 +260,10 @@ def test_a_greedy_difference_is_located_with_the_targets_top_two_there(offline_m
     eos = offline_model.eos_token_ids
     baseline = list(autoregressive_generate(offline_model.model, prompt_ids, request.sampling, 6, eos))
     target_ids = emitted_ids(baseline)
-    assert one_prompt.greedy_divergence(run, baseline, baseline) is None
+    assert one_prompt.divergence(run, baseline, baseline) is None
     swapped = (target_ids[3] + 1) % offline_model.vocab_size  # the "speculative" run emits another 4th token
     speculative = [*baseline[:3], replace(baseline[3], next_token_id=swapped), *baseline[4:]]
-    divergence = one_prompt.greedy_divergence(run, speculative, baseline)
+    divergence = one_prompt.divergence(run, speculative, baseline)
     decode = offline_model.tokenizer.decode
     assert (divergence.position, divergence.dtype) == (4, str(offline_model.model.dtype).removeprefix("torch."))
     assert divergence.speculative_text == decode([swapped]) and divergence.target_text == decode([target_ids[3]])
@@ -206,6 +272,46 @@ def test_a_greedy_difference_is_located_with_the_targets_top_two_there(offline_m
     top2 = logits.float().topk(2).values
     assert divergence.top2_logit_gap == pytest.approx(float(top2[0] - top2[1]), abs=1e-4)
     assert 1 > divergence.top2_probs[0] >= divergence.top2_probs[1] > 0
+
+
+def test_a_coupled_difference_is_located_with_the_targets_top_two_scores_there(offline_model):
+    """The page draws the rule's noise as the engine does (the noise at each emitted token is the one the engine
+    recorded), so at a differing token the best log p + G is the target alone's own token."""
+    from specdemo.app.views.summary import greedy_check
+    from specdemo.core.coupled import NoiseAsk, position_noise
+    from specdemo.models.fixed_shape import SEED_BITS
+
+    run = direct_run(offline_model, settings(SPELLING, temperature=0.8, seed=5, rule="coupled", max_new_tokens=8))
+    request, device, vocab_size = run.request, offline_model.device, offline_model.vocab_size
+    decoded = {}
+    for drafting in (True, False):
+        stream = run.submit(
+            run.target, [DecodeRequest(run.prompts[0], request.sampling, request.speculative, drafting)]
+        )
+        decoded[drafting] = [round_ for batch in stream.rounds(0.1) for round_ in batch]
+    speculative, baseline = decoded[True], decoded[False]
+    assert emitted_ids(speculative) == emitted_ids(baseline)  # the rule's promise, which the page checks
+    seed = one_prompt.noise_seed(request.sampling, device)
+    assert 0 <= seed < 2**SEED_BITS
+    start = len(run.prompts[0])
+    for round_ in speculative:
+        for offset, choice in enumerate(round_.coupled):
+            noise = position_noise(NoiseAsk(seed, start + offset, 1, 0, (), vocab_size, device))[0]  # [V]
+            assert float(noise[choice.target_id]) == choice.target_noise
+        start += len(round_.emitted_token_ids)
+    assert one_prompt.divergence(run, speculative, baseline) is None
+    target_ids = emitted_ids(baseline)
+    swapped = (target_ids[3] + 1) % vocab_size  # the "speculative" run emits another 4th token
+    changed = [*baseline[:3], replace(baseline[3], next_token_id=swapped), *baseline[4:]]
+    divergence = one_prompt.divergence(run, changed, baseline)
+    decode = offline_model.tokenizer.decode
+    assert (divergence.position, divergence.temperature) == (4, 0.8)
+    assert divergence.speculative_text == decode([swapped]) and divergence.target_text == decode([target_ids[3]])
+    assert divergence.top2_logit_gap > 0 and 1 >= divergence.top2_probs[0] > 0 and 1 >= divergence.top2_probs[1] > 0
+    assert divergence.top2_probs[0] == pytest.approx(baseline[3].next_token_prob, rel=1e-4)  # its best: the alone's
+    check = greedy_check(False, divergence, coupled_seed=5)
+    assert check.startswith("Same-text check (coupled rule, seed 5): the two texts **differ** from generated token 4")
+    assert "top two scores log p + G are" in check
 
 
 def test_stop_ends_the_generation_at_the_next_round(client, monkeypatch):

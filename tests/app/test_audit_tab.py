@@ -1,5 +1,6 @@
 """The Audit tab through /audit: the default audit passes, a planted bug fails, model mode's samples agree, bad input
-is one sentence, and Stop ends a model audit."""
+is one sentence, and Stop ends a model audit. Under the coupled rule the rule passes, with each seed's text the target
+alone's, and each of its planted bugs fails by the check meant for it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specdemo.audit import MODEL_BATCH_ROWS
+from specdemo.app.tabs.audit import bug_choices
+from specdemo.audit import BUGS, COUPLED_BUGS, MODEL_BATCH_ROWS
 from tests.helpers import assert_stopped_runs_leave_at_the_next_round, count_rounds, wait_for_rounds, wait_until
 
 
@@ -44,6 +46,46 @@ def test_a_thousand_samples_of_two_tokens_on_the_offline_default_are_lossless(cl
     assert record["seconds"] > 0  # the audit's own time is in its record; speed is not a test's business
 
 
+def test_the_rule_offers_its_own_bugs():
+    assert [name for _, name in bug_choices("standard")] == list(BUGS)
+    assert [name for _, name in bug_choices("coupled")] == list(COUPLED_BUGS)
+    assert bug_choices("coupled")[0] == ("none (the project's coupled rule)", "none")
+
+
+def test_the_coupled_rule_passes_in_toy_mode_with_each_seeds_text_the_target_alones(client):
+    verdict, chart, tv_chart, download = client.predict(rule="coupled", num_samples=20_000, api_name="/audit")
+    assert verdict.startswith("**Lossless") and "Same text for any drafter: for all 20,000 seeds" in verdict
+    assert "The project's sampler. Rule: same text for any drafter. Seed 0." in verdict
+    assert chart and tv_chart
+    record = json.loads(Path(download["value"]).read_text())
+    assert record["settings"]["rule"] == "coupled" and record["differing"] == 0
+    assert len(record["counts"]) == 6 and record["pair"]["label"] == "positions 1 and 2 together"  # K + 2 tokens
+
+
+@pytest.mark.parametrize(
+    "bug, caught",
+    [
+        ("noise by round", "Not the same text for any drafter"),  # exact, but the text changes with K
+        ("one noise vector", "**Not lossless: at positions 1 and 2 together"),  # the same text, correlated tokens
+        ("noise from the draft", "Not the same text for any drafter"),
+    ],
+)
+def test_each_coupled_bug_fails_in_the_app_by_its_check(client, bug, caught):
+    verdict, *_ = client.predict(rule="coupled", bug=bug, num_samples=10_000, api_name="/audit")
+    assert caught in verdict and f"Planted bug, {bug}: {COUPLED_BUGS[bug]}" in verdict, verdict
+
+
+def test_the_coupled_rule_on_the_offline_default_writes_the_target_alones_text(client):
+    verdict, chart, _, download = client.predict(
+        mode="model", rule="coupled", num_samples=100, num_tokens=2, api_name="/audit"
+    )
+    record = json.loads(Path(download["value"]).read_text())
+    assert verdict.startswith("**Lossless") and "Same text for any drafter: for all 100 seeds" in verdict, verdict
+    assert record["differing"] == 0 and record["settings"]["sampling"]["rule"] == "coupled"
+    assert chart  # the speculative and the target-only samples' most frequent sequences
+    assert sum(record["speculative"]) == sum(record["target_only"]) == 100
+
+
 BAD_AUDITS = [
     ({"num_samples": 10}, "The number of samples must be between 1,000 and 1,000,000 in toy mode, got 10."),
     ({"num_samples": 2_000_000}, "between 1,000 and 1,000,000 in toy mode"),
@@ -61,6 +103,9 @@ BAD_AUDITS = [
     ({"bug": "gremlins"}, "Unknown bug 'gremlins'"),
     ({"num_candidates": 9}, "candidates per round (W) must be between 1 and"),
     ({"mode": "model", "num_samples": 200, "num_tokens": 4}, "tokens per sample must be between 1 and 3, got 4."),
+    ({"rule": "fair"}, "rule must be 'standard' or 'coupled', got 'fair'."),
+    ({"rule": "coupled", "bug": "shared uniform"}, "The same text for any drafter rule has no planted bug 'shared"),
+    ({"bug": "one noise vector"}, "The standard rule has no planted bug 'one noise vector': pick one of none,"),
 ]
 
 

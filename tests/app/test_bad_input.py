@@ -19,6 +19,7 @@ BAD = [  # (the setting, what the page and the API send, what the command line g
     ("top_p", {"top_p": 1.5}, ["--top-p", "1.5"], "top-p must be in (0, 1]"),
     ("repetition_penalty", {"repetition_penalty": 0}, ["--repetition-penalty", "0"], "repetition penalty must be in"),
     ("seed", {"seed": -1}, ["--seed", "-1"], "seed must be between 0 and"),
+    ("rule", {"rule": "fair"}, ["--rule", "fair"], "rule must be 'standard' or 'coupled', got 'fair'."),
     (
         "draft_temperature",
         {"pair": "smollm2-135m-self", "draft_temperature": -1},

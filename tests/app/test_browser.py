@@ -96,6 +96,31 @@ def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
     page.close()
 
 
+def test_a_sampled_run_under_the_coupled_rule_writes_the_target_alones_text(browser, app):
+    """A person picks "same text for any drafter" and a temperature above 0: the sampled run, compared with the target
+    alone, is the same text token for token, and the summary says so."""
+    page = open_page(browser, app)
+    run_example = page.get_by_text("Correct the spelling mistakes", exact=False).first
+    run_example.click()  # the example sets the prompt, the pair and temperature 0
+    page.wait_for_function("document.querySelector('#prompt textarea').value.includes('quartely')")
+    for name, value in {"temperature": "0.8", "max-new-tokens": "32"}.items():
+        field = page.locator(f"#{name} input[type=number]")
+        field.fill(value)
+        field.press("Enter")
+    page.locator("#rule label", has_text="same text for any drafter").click()
+    assert page.get_by_label("same text for any drafter").is_checked()
+    assert page.get_by_label("Then run the target alone, to compare").is_checked()
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
+    summary = page.text_content("#summary")
+    assert "Same-text check (coupled rule, seed 0): the two texts are identical, token for token." in summary, summary
+    assert page.inner_text("#tokens details.alone summary").startswith("The target alone: ")
+    page.locator("#summary details.numbers summary").click()  # the numbers, with the theory beside the measurement
+    page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Theory beside measurement')")
+    page.screenshot(path=str(ARTIFACTS / "coupled-light.png"), full_page=True)
+    page.close()
+
+
 def test_the_dark_theme_is_the_body_class_the_screenshots_add(browser, app):
     page = open_page(browser, app, theme="dark")
     assert page.evaluate("document.body.classList.contains('dark')")

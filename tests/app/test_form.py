@@ -54,6 +54,7 @@ def test_the_tables_defaults_are_the_apis_defaults_as_they_were():
         "max_ngram_size": 3,  # the drafter kinds' options, made from their dataclasses, after them
         "min_ngram_size": 2,
         "suffix_cache_tokens": 20_000,
+        "rule": "standard",  # the acceptance rule, after them: positional clients keep working
     }
 
 

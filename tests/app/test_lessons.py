@@ -32,3 +32,7 @@ def test_the_lessons_teach_what_the_issue_asks():
     assert hot.settings["pair"] == "smollm2-135m-self" and hot.settings["temperature"] < 1.5  # the pair drafts at 1.5
     assert by_key["three-candidates"].settings["num_candidates"] == 3
     assert by_key["copying"].settings.get("temperature", 0) == 0 and "spelling" in by_key["copying"].prompt
+    same_seed = by_key["same-seed"]  # a sampled run under the coupled rule, compared with the target alone
+    assert same_seed.title == "Same seed, any drafter" and "same-text check" in same_seed.watch
+    assert same_seed.settings["temperature"] > 0 and same_seed.settings["rule"] == "coupled"
+    assert same_seed.settings.get("compare", True)

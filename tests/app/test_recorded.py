@@ -3,17 +3,22 @@ its manifest entry describes; recording the greedy one again on this machine giv
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import asdict
 from datetime import date
 
+import gradio as gr
 import pytest
+import torch
 
 from specdemo.app.form import parse_request
 from specdemo.app.panels import recorded, step_view
 from specdemo.app.panels.recorded import RECORDED_FOLDER, RECORDINGS, choices, file_name, load, record
-from specdemo.app.views.replay import check_replay
+from specdemo.app.views.replay import check_replay, replay_record
+from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.engine.decoding import speculative_generate
 from specdemo.models.shared import ModelCache
+from tests.helpers import tiny_drafter
 
 KEYS = [recording.key for recording in RECORDINGS]
 
@@ -44,7 +49,9 @@ def test_each_file_is_the_run_its_manifest_entry_describes(recording):
     trace = load(recording.key)
     request = parse_request(recording.prompt, recording.values())
     assert trace["prompt"] == recording.prompt and trace["pair"]["key"] == recording.pair
-    assert trace["sampling"] == asdict(request.sampling) and trace["speculative"] == asdict(request.speculative)
+    # a setting newer than the file (the acceptance rule) is absent from it: the run had that setting's default
+    assert SamplingConfig(**trace["sampling"]) == request.sampling
+    assert SpeculativeConfig(**trace["speculative"]) == request.speculative
     assert trace["replay"]["greedy"] == request.sampling.is_greedy
     assert trace["recorded"]["number_format"].startswith(recorded.NUMBER_FORMAT)  # what the greedy check needs
 
@@ -91,3 +98,26 @@ def test_recording_the_greedy_run_again_gives_the_shipped_tokens(offline_model, 
     assert again["generated_token_ids"] == shipped["generated_token_ids"]
     assert again["prompt_token_ids"] == shipped["prompt_token_ids"]
     assert emitted_in_replay(load(recording.key, folder=tmp_path)["replay"]) == shipped["generated_token_ids"]
+
+
+def test_a_recorded_coupled_run_replays_with_its_choices(tiny_target, tiny_draft, tmp_path):
+    """A trace with coupled rounds, stored as a recording is: loading it keeps each position's choice and noise, and
+    the inspector tells them."""
+    sampling = SamplingConfig(temperature=1.0, rule="coupled", seed=3)
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=12)
+    drafter = tiny_drafter("model", tiny_draft, None)
+    rounds = list(speculative_generate(tiny_target, drafter, torch.tensor([[0, 5, 9]]), sampling, spec, frozenset()))
+    replay = replay_record(rounds, lambda ids: "".join(f" t{token}" for token in ids), [0, 5, 9])
+    where = {
+        "key": KEYS[0],
+        "title": "Coupled",
+        "device": "CPU (2 cores)",
+        "number_format": "float32",
+        "date": "2026-01-01",
+    }
+    (tmp_path / file_name(KEYS[0])).write_text(json.dumps({"replay": replay, "recorded": where}))
+    loaded = load(KEYS[0], folder=tmp_path)["replay"]
+    views = [view for r in loaded["rounds"] for view in r["views"]]
+    assert [view["coupled"]["target_id"] for view in views] == [c.target_id for r in rounds for c in r.coupled]
+    title, _ = step_view.inspect_token(loaded, gr.EventData(None, {"round": 0, "position": 0}))
+    assert "the target's choice" in title and "its noise G = " in title

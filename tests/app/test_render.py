@@ -1,8 +1,10 @@
-"""Token spans and their terminal rendering from hand-built rounds."""
+"""Token spans and their terminal rendering from hand-built rounds, and from coupled runs of the engine."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import torch
 
 from specdemo.app.views.render import (
     ANSI_STYLES,
@@ -10,6 +12,7 @@ from specdemo.app.views.render import (
     ansi_text,
     candidates_html,
     html_spans,
+    round_spans,
     token_spans,
 )
 from specdemo.app.views.summary import (
@@ -20,9 +23,11 @@ from specdemo.app.views.summary import (
     sharing_note,
     summary_markdown,
 )
+from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rounds import CandidateTrace
 from specdemo.core.stats import Comparison, compare_runs, run_stats
-from tests.helpers import make_round
+from specdemo.engine.decoding import speculative_generate
+from tests.helpers import make_round, tiny_drafter
 
 WORDS = {1: " the", 2: " cat", 3: " sat", 4: " on", 5: " a", 6: " mat", 99: "!"}
 
@@ -105,7 +110,7 @@ def test_greedy_check_says_where_the_texts_differ_and_how_near_a_tie():
     assert greedy_check(False, near) == (
         "Greedy check: the two texts **differ** from generated token 4 on (' cat' speculative, ' dog' target alone), "
         "where the target's top two logits are 0.0007 apart (41.2% against 41.1%): in float32, a K+1-token "
-        "verification pass and one-token steps round differently, and at such a near-tie that can flip the argmax."
+        "verification pass and one-token steps round differently, and at such a near-tie that can flip an argmax."
     )
     assert "worth reporting" in greedy_check(False, replace(near, top2_logit_gap=2.5, top2_probs=(0.8, 0.07)))
     assert "near-tie that can flip" in greedy_check(False, replace(near, top2_logit_gap=0.125, dtype="bfloat16"))
@@ -190,3 +195,63 @@ def test_the_headline_leads_with_the_speedup_tokens_per_pass_and_alpha():
     assert ">…<" in headline_html(spec, None)  # while it streams
     assert ">—<" in headline_html(spec, None, "not measured: the comparison was off")
     assert headline_html(None, None) == ""
+
+
+def coupled_rounds(target, draft, num_candidates: int) -> list:
+    """A coupled run of the engine on the tiny models: its rounds carry Round.coupled, and its uniforms the noise G."""
+    sampling = SamplingConfig(temperature=1.0, rule="coupled", seed=3)
+    spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=num_candidates, max_new_tokens=16)
+    drafter = tiny_drafter("model", draft, None)
+    return list(speculative_generate(target, drafter, torch.tensor([[0, 5, 9]]), sampling, spec, frozenset()))
+
+
+def tiny_words(ids: list[int]) -> str:
+    return "".join(f" t{token}" for token in ids)
+
+
+def test_coupled_spans_carry_y_x_and_the_noise_and_show_no_u(tiny_target, tiny_draft):
+    """Each tested draft x carries its G and log p + G and the target's choice y there (itself when accepted); the
+    token the round emits after its drafts is y, with y's G; the hover text names them, never u or min(1, p/q)."""
+    rounds = coupled_rounds(tiny_target, tiny_draft, 1)
+    emitted: list[int] = []
+    for round_ in rounds:
+        spans = round_spans(round_, tiny_words, emitted)
+        for span in spans:
+            assert span.uniform is None and span.acceptance_prob is None
+            if span.position is None:  # an untested draft: nothing decided it
+                assert span.noise is None and span.kind == "rejected"
+                continue
+            choice = round_.coupled[span.position]
+            if span.kind in ("accepted", "rejected"):
+                x = (span.token_id, span.noise, span.score)
+                assert x == (choice.draft_id, choice.draft_noise, choice.draft_score)
+                assert (span.choice_id, span.choice_score) == (choice.target_id, choice.target_score)
+                assert (span.token_id == span.choice_id) == (span.kind == "accepted")
+                assert span.choice_text == f" t{choice.target_id}"
+            else:  # resampled or bonus: y itself
+                y = (span.token_id, span.noise, span.score)
+                assert y == (choice.target_id, choice.target_noise, choice.target_score)
+    page = html_spans(token_spans(rounds, tiny_words))
+    assert "uniform draw u" not in page and "min(1, p/q)" not in page
+    assert "matched the target&#x27;s choice: log p + G = " in page and ", its noise G = " in page
+    assert "not the target&#x27;s choice: log p + G = " in page
+    assert "the target&#x27;s choice: log p + G = " in page  # a resampled or bonus token
+
+
+def test_coupled_candidates_show_the_noise_of_each_test_and_no_u(tiny_target, tiny_draft):
+    rounds = coupled_rounds(tiny_target, tiny_draft, 3)
+    page = candidates_html(rounds, tiny_words)
+    assert "uniform draw u" not in page and "min(1, p/q)" not in page
+    tested = sum(sum(candidate.tested) for round_ in rounds for candidate in round_.candidates)
+    assert page.count("log p + G = ") >= tested > 0
+    assert "not the target&#x27;s choice" in page and "matched the target&#x27;s choice" in page
+
+
+def test_a_standard_spans_hover_text_is_unchanged():
+    round_ = replace(make_round(0, [1, 2], 1, "resampled", 0.1), uniforms=[0.25, 0.75])
+    spans = token_spans([round_], decode)
+    assert all(span.noise is None and span.choice_id is None for span in spans)
+    assert html_spans(spans[:1]) == (
+        '<span class="tok tok-accepted" title="accepted, round 1 · token id 1 · target p = 0.5000 · draft q = 1.0000 · '
+        'accept with min(1, p/q) = 0.5000 · uniform draw u = 0.2500"> the</span>'
+    )

@@ -4,12 +4,14 @@ refusals of a trace that cannot be replayed."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import gradio as gr
 import pytest
 import torch
 
 from specdemo.app.panels import step_view
+from specdemo.app.views.render import TokenSpan, round_spans
 from specdemo.app.views.replay import (
     REPLAY_FORMAT,
     check_replay,
@@ -22,7 +24,7 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters import ModelDrafter
 from specdemo.engine.decoding import speculative_generate
-from tests.helpers import TINY_VOCAB
+from tests.helpers import TINY_VOCAB, tiny_drafter
 
 PROMPT = [0, 5, 9, 5, 9, 12, 7, 5, 9]
 
@@ -141,3 +143,84 @@ def test_a_greedy_run_says_argmax_and_draws_no_u(tiny_target, tiny_draft):
     assert "greedy, so" in title and "is not the target's argmax" in title and "emitted instead" in title
     names = [trace.name for trace in inspector_figure(view, "", greedy=True).data]
     assert names[:2] == ["target p", "draft q"] and not any(name.startswith("u = ") for name in names)
+
+
+def coupled_replayed(tiny_target, tiny_draft, num_candidates: int) -> tuple[list, dict]:
+    """A coupled run of the engine and its replay record as read back from a trace file."""
+    sampling = SamplingConfig(temperature=1.0, rule="coupled", seed=3)
+    spec = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=16, num_candidates=num_candidates)
+    drafter = tiny_drafter("model", tiny_draft, None)
+    rounds = list(speculative_generate(tiny_target, drafter, torch.tensor([PROMPT]), sampling, spec, frozenset()))
+    return rounds, json.loads(json.dumps(replay_record(rounds, decode, PROMPT)))
+
+
+def test_a_coupled_run_survives_the_trace_and_the_inspector_shows_y_x_and_their_noise(
+    tiny_target, tiny_draft, tmp_path
+):
+    """Read back from a trace file, each tested position keeps its CoupledChoice (y, x, their log p + G and G, the
+    chances), each span its noise; the inspector names y and x with their noise, draws log p + G in place of u, and
+    never a residual."""
+    rounds, record = coupled_replayed(tiny_target, tiny_draft, 1)
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"replay": record}))
+    shown = step_view.from_upload(str(path))[0]
+    assert shown == record and len(shown["rounds"]) == len(rounds)
+    rejected = 0
+    for number, (round_, replay) in enumerate(zip(rounds, shown["rounds"], strict=True)):
+        spans = [TokenSpan(**span) for span in replay["spans"]]
+        assert spans == round_spans(round_, decode, [t for r in rounds[:number] for t in r.emitted_token_ids])
+        assert len(replay["views"]) == len(round_.coupled)
+        for position, view in enumerate(replay["views"]):
+            choice = round_.coupled[position]
+            assert {key: view["coupled"][key] for key in asdict(choice)} == asdict(choice)  # y, x, G, the chances
+            assert view["coupled"]["target"] == f" t{choice.target_id}"
+            assert view["u"] is None and view["ratio"] is None and view["residual"] == []
+            event = gr.EventData(None, {"round": number, "position": position})
+            title, figure = step_view.inspect_token(shown, event)
+            assert f"' t{choice.target_id}' (log p + G = {choice.target_score:.2f}, its noise G = " in title
+            assert "the target's choice" in title and "u = " not in title and "residual" not in title
+            names = [trace["name"] for trace in figure["value"]["data"]]
+            assert not any("residual" in name or name.startswith("u = ") or "p/q" in name for name in names)
+            assert any(name.startswith(f"target's choice ' t{choice.target_id}': log p + G") for name in names)
+            if view["step"] == "test" and not view["accepted"]:
+                rejected += 1
+                assert f"the draft's has log p + G = {choice.draft_score:.2f} (its noise G = " in title
+                assert any(name.startswith(f"drafted ' t{choice.draft_id}': log p + G") for name in names)
+    assert rejected > 0
+
+
+def test_a_coupled_positions_candidates_are_listed_with_their_log_p_plus_g(tiny_target, tiny_draft):
+    _, record = coupled_replayed(tiny_target, tiny_draft, 3)
+    titles = [
+        view_title(view, number + 1, position)
+        for number, replay in enumerate(record["rounds"])
+        for position, view in enumerate(replay["views"])
+        if view["tests"]
+    ]
+    listed = [title for title in titles if "Tested here, in turn: candidate" in title]
+    assert listed and all("residual" not in title and "u = " not in title for title in titles)
+    assert any("not the target's choice" in title for title in listed)
+    assert any("the target's choice, accepted" in title for title in listed)
+
+
+def test_a_record_written_before_the_coupled_rule_still_replays(run):
+    """A standard run's record without the coupled keys (as the recorded runs were written) loads, steps and
+    inspects as before."""
+    rounds, record = run
+    coupled_keys = {"noise", "score", "choice_id", "choice_text", "choice_score"}
+    old = {
+        **record,
+        "rounds": [
+            {
+                **replay,
+                "spans": [{k: v for k, v in span.items() if k not in coupled_keys} for span in replay["spans"]],
+                "views": [{k: v for k, v in view.items() if k != "coupled"} for view in replay["views"]],
+            }
+            for replay in record["rounds"]
+        ],
+    }
+    assert check_replay(old) is old and step_html(old, len(rounds)) == step_html(record, len(rounds))
+    number = next(i for i, r in enumerate(rounds) if r.next_kind == "resampled")
+    view = old["rounds"][number]["views"][rounds[number].num_accepted]
+    assert "rejected (u = " in view_title(view, number + 1, rounds[number].num_accepted)
+    assert "residual norm(max(0, p − q))" in [trace.name for trace in inspector_figure(view, "").data]

@@ -40,3 +40,11 @@ def test_a_bad_or_unknown_parameter_is_left_out_with_a_sentence_and_the_rest_kep
 def test_the_copy_link_script_names_every_setting_in_the_forms_order():
     script = link_js()
     assert '"prompt", "pair", ' in script and "query.set('run', '1')" in script and "navigator.clipboard" in script
+
+
+def test_a_links_rule_comes_back_and_a_bad_one_is_left_out_with_a_sentence():
+    _, values, notes = form_from_query({"prompt": "Hi", "rule": "coupled", "temperature": "0.7"})
+    assert values == {"rule": "coupled", "temperature": 0.7} and notes == []
+    assert '"rule"' in link_js()
+    _, values, notes = form_from_query({"rule": "shuffled"})
+    assert values == {} and notes == ["Left out rule='shuffled': rule must be 'standard' or 'coupled', got 'shuffled'."]

@@ -42,6 +42,8 @@ PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesd
         (["--draft", "suffix", "--suffix-cache-tokens", "300000"], "suffix-cache-tokens must be between 0 and 200000"),
         (["--suffix-cache-tokens", "10"], "--suffix-cache-tokens is an option of --draft suffix, and this run drafts"),
         (["--max-ngram-size", "9"], "max-ngram-size must be between 1 and 8, got 9."),
+        (["--rule", "gumbel"], "rule must be 'standard' or 'coupled', got 'gumbel'."),
+        (["--rule", "coupled", "--seed", "-1"], "seed must be between 0 and 9223372036854775807, got -1."),
         (["--max-ngram-size", "2", "--min-ngram-size", "3"], "min-ngram-size must be at most max-ngram-size (2)"),
     ],
 )
@@ -83,6 +85,18 @@ def test_json_output_of_a_greedy_run_matches_the_baseline(offline_model, capsys)
     assert result["stats"]["num_target_forwards"] == len(rounds) < baseline["stats"]["num_target_forwards"]
     for key in ("acceptance_rate", "mean_tokens_per_round", "tokens_per_second", "wall_seconds"):
         assert result["stats"][key] > 0
+
+
+def test_a_coupled_sampled_run_writes_the_baseline_text_for_its_seed(offline_model, capsys):
+    """--rule coupled at temperature 0.8: the speculative text is the target-alone text for the seed, token for token;
+    another seed writes another text."""
+    common = ["generate", "--prompt", PROMPT, "--max-new-tokens", "24", "--json", "--temperature", "0.8"]
+
+    def tokens(*more: str) -> list[int]:
+        assert main([*common, "--rule", "coupled", *more]) == 0
+        return json.loads(capsys.readouterr().out)["generated_token_ids"]
+
+    assert tokens("--seed", "7") == tokens("--seed", "7", "--baseline") != tokens("--seed", "8", "--baseline")
 
 
 def test_bad_input_gives_no_traceback_in_a_real_process():

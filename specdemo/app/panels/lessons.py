@@ -73,6 +73,15 @@ LESSONS = [
         settings={"pair": "smollm2-135m-suffix", "max_new_tokens": 48},
     ),
     Lesson(
+        "same-seed",
+        "Same seed, any drafter",
+        "Sampled at temperature 0.8 under the rule 'same text for any drafter': one noise per position picks the "
+        "target's token and the draft's, so the text is the target's own draw for seed 0. Drafts are still refused "
+        "(struck through), yet the summary's same-text check finds the text identical to the target alone's.",
+        prompt=SKY,
+        settings={"pair": "smollm2-135m-self", "temperature": 0.8, "rule": "coupled", "max_new_tokens": 32},
+    ),
+    Lesson(
         "three-candidates",
         "Three candidates",
         "The draft samples three continuations and the target checks them in one pass (the tree below). A "

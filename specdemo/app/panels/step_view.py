@@ -1,6 +1,7 @@
 """Step through a run: Next round decodes the form's run one round at a time; after each run (or from a downloaded
 trace) the page replays it round by round; a sentence per round, and a click on any token opens the inspector: p, q,
-the residual and u as bars, from the run's own trace."""
+the residual and u as bars (under the coupled rule, the target's choice y and the drafted x with the noise G that
+decided them), from the run's own trace."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The Audit tab and /audit: "is it lossless?", checked live on toy distributions and on the real model, beside a
-planted bug that must fail the same check. Its settings are a table too, sharing the run table's sampling rows."""
+planted bug that must fail the same check; under the coupled rule, also "is each seed's text the target alone's?".
+Its settings are a table too, sharing the run table's sampling rows."""
 
 from __future__ import annotations
 
@@ -19,8 +20,15 @@ from specdemo.app.serving.messages import user_error
 from specdemo.app.serving.runs import Server, check_values, decode_fn, read_values
 from specdemo.app.serving.zerogpu import MIN_SECONDS, decoding_seconds, gpu_function
 from specdemo.app.views.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
-from specdemo.audit import BUGS, MODEL_BATCH_ROWS, TOY_PRESETS, model_audit, parse_weights, toy_audit
-from specdemo.config import MAX_NUM_CANDIDATES, SamplingConfig, SpeculativeConfig, check_prompt
+from specdemo.audit import MODEL_BATCH_ROWS, RULE_BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
+from specdemo.config import (
+    MAX_NUM_CANDIDATES,
+    RULE_LABELS,
+    SamplingConfig,
+    SpeculativeConfig,
+    check_prompt,
+    run_settings,
+)
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.models.loading import chat_prompt_ids
 from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, find_pair, load_pair, make_drafter
@@ -40,7 +48,9 @@ INTRO = (
     "draws a prompt's first tokens many times with speculative decoding and with the target alone, and compares "
     "them. A **planted bug** runs the same audit with a broken sampler, which should fail. The hot self-draft pair "
     "(SmolLM2 drafting for itself at temperature 1.5) makes the bugs visible in model mode; prompt lookup drafts "
-    "one-hot, so a wrong q changes nothing there."
+    "one-hot, so a wrong q changes nothing there. Under the rule **same text for any drafter**, the audit also checks "
+    "that each seed's speculative text is the target alone's text for that seed, and its planted bugs misuse the "
+    "noise: some break the distribution, some only the sameness of the text."
 )
 
 
@@ -66,9 +76,24 @@ def _mode(value: object) -> str:
 
 
 def _bug(value: object) -> str:
-    if value not in BUGS:
-        raise ValueError(f"Unknown bug {value!r}: pick one of {', '.join(BUGS)}.")
+    if not any(value in bugs for bugs in RULE_BUGS.values()):
+        named = ", ".join(f"{rule} rule: {', '.join(bugs)}" for rule, bugs in RULE_BUGS.items())
+        raise ValueError(f"Unknown bug {value!r}: pick one of those planted in its rule ({named}).")
     return str(value)
+
+
+def _rule(value: object) -> str:
+    rule = str(value)
+    run_settings(SamplingConfig)["rule"][1].check(rule)  # the config's sentence, as the run's form gives it
+    return rule
+
+
+def bug_choices(rule: str) -> list[tuple[str, str]]:
+    """The planted-bug dropdown's (label, name) choices for `rule`."""
+    return [
+        (f"{name}: {what}" if name != "none" else f"none (the project's {rule} rule)", name)
+        for name, what in RULE_BUGS[rule].items()
+    ]
 
 
 AUDIT_FIELDS: list[Field] = [  # the /audit API's order
@@ -78,10 +103,7 @@ AUDIT_FIELDS: list[Field] = [  # the /audit API's order
         "dropdown",
         "none",
         "Planted bug",
-        choices=[
-            (f"{name}: {what}" if name != "none" else "none (the project's sampler)", name)
-            for name, what in BUGS.items()
-        ],
+        choices=bug_choices("standard"),
         elem_id="audit-bug",
         read=_bug,
     ),
@@ -157,6 +179,7 @@ AUDIT_FIELDS: list[Field] = [  # the /audit API's order
         section="model",
         read=in_range("tokens per sample", 1, MAX_AUDIT_TOKENS),
     ),
+    replace(by_name(RUN_FIELDS, "rule"), elem_id="audit-rule", section="audit", read=_rule),
 ]
 NAMES = [spec.name for spec in AUDIT_FIELDS]
 
@@ -171,6 +194,7 @@ class AuditRequest:
     seed: int
     num_draft_tokens: int  # K
     num_candidates: int  # W
+    rule: str = "standard"  # SamplingConfig.rule: the rule audited, and whose bugs `bug` names
     target: torch.Tensor | None = None  # toy: p and q, normalised
     draft: torch.Tensor | None = None
     sampling: SamplingConfig | None = None  # model mode
@@ -188,7 +212,13 @@ def parse_audit(values: dict) -> AuditRequest:
     samples = whole("the number of samples")(read["num_samples"])
     if not low <= samples <= high:
         raise ValueError(f"The number of samples must be between {low:,} and {high:,} in {mode} mode, got {samples:,}.")
-    common = (mode, read["bug"], samples, read["seed"], read["num_draft_tokens"], read["num_candidates"])
+    rule, bug = read["rule"], read["bug"]
+    if bug not in RULE_BUGS[rule]:
+        raise ValueError(
+            f"The {RULE_LABELS[rule]} rule has no planted bug {bug!r}: pick one of {', '.join(RULE_BUGS[rule])}, or "
+            "the rule it is planted in."
+        )
+    common = (mode, bug, samples, read["seed"], read["num_draft_tokens"], read["num_candidates"], rule)
     if mode == "toy":
         target = parse_weights(values.get("target_weights", preset_weights("overlapping")[0]), "target p")
         draft = parse_weights(values.get("draft_weights", preset_weights("overlapping")[1]), "draft q")
@@ -203,7 +233,7 @@ def parse_audit(values: dict) -> AuditRequest:
             "temperature such as 1.0."
         )
     sampling = SamplingConfig(
-        read["temperature"], read["top_k"], read["top_p"], read["repetition_penalty"], read["seed"]
+        read["temperature"], read["top_k"], read["top_p"], read["repetition_penalty"], read["seed"], rule=rule
     )
     check_prompt(read["prompt"])
     pair = find_pair(read["pair"])
@@ -216,10 +246,10 @@ def build_tab(server: Server, lessons: LessonRow) -> None:
     gr.Markdown(INTRO)
     controls = {}
     with gr.Row():
-        for name in ("mode", "bug", "num_samples", "seed"):
+        for name in ("mode", "rule", "bug"):
             controls[name] = by_name(AUDIT_FIELDS, name).component()
     with gr.Row():
-        for name in ("num_draft_tokens", "num_candidates"):
+        for name in ("num_samples", "seed", "num_draft_tokens", "num_candidates"):
             controls[name] = by_name(AUDIT_FIELDS, name).component()
     with gr.Group(visible=True) as toy_box:
         controls |= {spec.name: spec.component() for spec in AUDIT_FIELDS if spec.section == "toy"}
@@ -249,25 +279,8 @@ def wire(
     stop: gr.Button,
     lessons: LessonRow,
 ) -> None:
-    """The tab's events: mode and preset changes, the checked audit (/audit), the lessons' audits and Stop."""
-    controls["mode"].change(
-        lambda chosen: (
-            gr.update(visible=chosen == "toy"),
-            gr.update(visible=chosen == "model"),
-            DEFAULT_SAMPLES[chosen],
-        ),
-        inputs=controls["mode"],
-        outputs=[toy_box, model_box, controls["num_samples"]],  # a toy N is out of range in model mode
-        queue=False,
-        api_visibility="private",
-    )
-    controls["preset"].change(
-        preset_weights,
-        inputs=controls["preset"],
-        outputs=[controls["target_weights"], controls["draft_weights"]],
-        queue=False,
-        api_visibility="private",
-    )
+    """The tab's events: mode, rule and preset changes, the checked audit (/audit), the lessons' audits and Stop."""
+    wire_choices(controls, toy_box, model_box)
     inputs = [controls[name] for name in NAMES]
     checked = run.click(
         check_values(NAMES, parse_audit), inputs=inputs, outputs=None, preprocess=False, api_visibility="private"
@@ -296,13 +309,43 @@ def wire(
     stop.click(None, cancels=events, api_visibility="private")
 
 
+def wire_choices(controls: dict, toy_box, model_box) -> None:
+    """The choices that change others: the mode shows its settings, the rule offers its bugs, a preset fills p and q."""
+    controls["mode"].change(
+        lambda chosen: (
+            gr.update(visible=chosen == "toy"),
+            gr.update(visible=chosen == "model"),
+            DEFAULT_SAMPLES[chosen],
+        ),
+        inputs=controls["mode"],
+        outputs=[toy_box, model_box, controls["num_samples"]],  # a toy N is out of range in model mode
+        queue=False,
+        api_visibility="private",
+    )
+    controls["preset"].change(
+        preset_weights,
+        inputs=controls["preset"],
+        outputs=[controls["target_weights"], controls["draft_weights"]],
+        queue=False,
+        api_visibility="private",
+    )
+    controls["rule"].change(
+        lambda rule: gr.update(choices=bug_choices(rule), value="none"),
+        inputs=controls["rule"],
+        outputs=controls["bug"],
+        queue=False,
+        api_visibility="private",
+    )
+
+
 def audit_steps(
     server: Server, model_steps: Callable[..., Iterator[tuple]], *values: object, run_id: str
 ) -> Iterator[tuple]:
     """The lossless audit. mode "toy": N = `num_samples` rounds of the sampler on the target p and draft q given as
     weights (`preset` names the defaults); mode "model": M = `num_samples` (100 to 5,000: pass it) samples of the
-    first `num_tokens` tokens of `prompt`, speculative against the target alone. `bug` plants one of the broken
-    samplers. Returns the verdict sentence, two charts and the audit as JSON."""
+    first `num_tokens` tokens of `prompt`, speculative against the target alone. `rule` "coupled" (same text for any
+    drafter) audits that rule, and each seed's text against the target alone's for that seed too. `bug` plants one of
+    the rule's broken samplers. Returns the verdict sentence, two charts and the audit as JSON."""
     named, _ = read_values(NAMES, values)
     try:
         request = parse_audit(named)
@@ -328,20 +371,23 @@ def audit_seconds(*values: object, **_: object) -> int:
         request = parse_audit(read_values(NAMES, values)[0])
     except ValueError:
         return MIN_SECONDS
-    return decoding_seconds(2 * request.num_samples * request.num_tokens // MODEL_BATCH_ROWS)
+    sides = 3 if request.rule == "coupled" else 2  # the coupled rule's audit also decodes the target alone's texts
+    return decoding_seconds(sides * request.num_samples * request.num_tokens // MODEL_BATCH_ROWS)
 
 
 def run_toy(server: Server, request: AuditRequest) -> tuple:
     assert request.target is not None and request.draft is not None
     k, w = request.num_draft_tokens, request.num_candidates
     started = time.perf_counter()
-    result = toy_audit(request.target, request.draft, k, request.num_samples, w, request.bug, request.seed)
+    result = toy_audit(
+        request.target, request.draft, k, request.num_samples, w, request.bug, request.seed, request.rule
+    )
     seconds = time.perf_counter() - started
-    settings = {"mode": "toy", "bug": request.bug, "num_samples": request.num_samples, "seed": request.seed}
-    settings |= {"num_draft_tokens": k, "num_candidates": w}
+    settings = {"mode": "toy", "rule": request.rule, "bug": request.bug, "num_samples": request.num_samples}
+    settings |= {"seed": request.seed, "num_draft_tokens": k, "num_candidates": w}
     record = {"settings": settings, **asdict(result), "seconds": seconds}
-    verdict = f"**{result.verdict}**\n\n{_describe(request.bug, request.seed)} N = {request.num_samples:,}, K = {k}, "
-    verdict += f"W = {w}; {seconds:.1f} s."
+    verdict = f"**{result.verdict}**\n\n{_describe(request.rule, request.bug, request.seed)} "
+    verdict += f"N = {request.num_samples:,}, K = {k}, W = {w}; {seconds:.1f} s."
     return (
         verdict,
         toy_audit_figure(result.counts, result.target, result.passes),
@@ -350,9 +396,9 @@ def run_toy(server: Server, request: AuditRequest) -> tuple:
     )
 
 
-def _describe(bug: str, seed: int) -> str:
-    sampler = "The project's sampler." if bug == "none" else f"Planted bug, {bug}: {BUGS[bug]}."
-    return f"{sampler} Seed {seed}."
+def _describe(rule: str, bug: str, seed: int) -> str:
+    sampler = "The project's sampler." if bug == "none" else f"Planted bug, {bug}: {RULE_BUGS[rule][bug]}."
+    return f"{sampler} Rule: {RULE_LABELS[rule]}. Seed {seed}."
 
 
 def run_model_audit(
@@ -419,7 +465,8 @@ def model_verdict(server: Server, result, settings: dict, decode, seconds: float
     record = {"settings": settings, **asdict(result), "texts": [decode(list(s)) for s in result.sequences]}
     record["seconds"] = seconds
     count = sum(result.speculative)
-    verdict = f"**{result.verdict}**\n\n{_describe(settings['bug'], settings['sampling']['seed'])} "
+    sampling = settings["sampling"]
+    verdict = f"**{result.verdict}**\n\n{_describe(sampling['rule'], settings['bug'], sampling['seed'])} "
     verdict += f"Pair {settings['pair']}, {count:,} samples a side, {len(result.sequences):,} distinct sequences; "
     verdict += f"{seconds:.1f} s."
     return (

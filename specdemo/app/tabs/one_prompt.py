@@ -47,16 +47,25 @@ from specdemo.app.views.render import (
 from specdemo.app.views.summary import (
     HEADLINE_CSS,
     Divergence,
+    coupled_chances,
     cut_note,
     first_difference,
     headline_html,
     sharing_note,
     summary_markdown,
 )
-from specdemo.config import MAX_NUM_DRAFT_TOKENS, MAX_PROMPT_CHARACTERS, MAX_PROMPT_TOKENS, SpeculativeConfig
+from specdemo.config import (
+    MAX_NUM_DRAFT_TOKENS,
+    MAX_PROMPT_CHARACTERS,
+    MAX_PROMPT_TOKENS,
+    SamplingConfig,
+    SpeculativeConfig,
+)
+from specdemo.core.coupled import NoiseAsk, coupled_scores, position_noise
 from specdemo.core.rounds import Round
-from specdemo.core.sampling import penalised_scores
+from specdemo.core.sampling import build_warpers, logits_to_probs, penalised_scores
 from specdemo.core.stats import compare_runs, emitted_ids, run_stats
+from specdemo.engine.decoding import stream_seed
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.engine.scheduler import DecodeRequest
 from specdemo.pairs import DEFAULT_PAIR
@@ -301,8 +310,9 @@ def final_summary(
     num_draft_tokens = request.speculative.num_draft_tokens
     shared = sharing_note(rounds, baseline) if baseline else None
     comparison = compare_runs(rounds, baseline, num_draft_tokens) if baseline and not shared else None
-    greedy = request.sampling.is_greedy
-    differ = greedy and comparison is not None and not comparison.identical  # then say where, and how near a tie
+    sampling = request.sampling
+    greedy, coupled = sampling.is_greedy, sampling.is_coupled  # either way, the target alone's very text
+    differ = (greedy or coupled) and comparison is not None and not comparison.identical  # then say where
     stats = run_stats(rounds)
     summary = summary_markdown(
         stats,
@@ -312,9 +322,11 @@ def final_summary(
         draft_alone=run_stats(draft_alone) if draft_alone else None,
         greedy=greedy,
         number_format=request.dtype_reason,
-        divergence=greedy_divergence(run, rounds, baseline) if differ else None,
+        divergence=divergence(run, rounds, baseline) if differ else None,
+        coupled_seed=sampling.seed if coupled else None,
+        chances=coupled_chances(rounds),
     )
-    for note in (shared, cut_note(rounds, greedy)):
+    for note in (shared, cut_note(rounds, greedy, coupled)):
         if note:
             summary += f"\n\n{note}"
     why = "not measured: " + (
@@ -336,7 +348,12 @@ def stream_speculative(run: Run) -> Generator[tuple, None, tuple[list[Round], st
         rounds.extend(batch)
         tokens_html += "".join(html_spans(round_spans(round_, decode, emitted), clickable=True) for round_ in batch)
         stats = run_stats(rounds)  # once per update: the summary and the headline read it
-        summary = summary_markdown(stats, speculative.num_draft_tokens, number_format=run.request.dtype_reason)
+        summary = summary_markdown(
+            stats,
+            speculative.num_draft_tokens,
+            number_format=run.request.dtype_reason,
+            chances=coupled_chances(rounds),
+        )
         streamed = in_progress(summary, f"Decoding: {len(emitted)} tokens so far")
         if time.monotonic() - last_chart >= CHART_INTERVAL_SECONDS * max(1, stream.scheduler.num_rows):
             last_chart = time.monotonic()
@@ -410,9 +427,10 @@ def alone_blocks(run: Run, alone: dict[str, list[Round]], running: str | None) -
 
 
 @torch.inference_mode()
-def greedy_divergence(run: Run, rounds: list[Round], baseline: list[Round]) -> Divergence | None:
-    """Where a greedy run's tokens first differ from the target alone's, with the target's top two there, from one
-    pass over the shared prefix (only taken when they differ); None where one run's tokens begin the other's."""
+def divergence(run: Run, rounds: list[Round], baseline: list[Round]) -> Divergence | None:
+    """Where a greedy run's tokens, or a coupled sampled run's, first differ from the target alone's, with the target's
+    top two there (logits; for a coupled run log p + G, its noise G), from one pass over the shared prefix (only taken
+    when they differ); None where one run's tokens begin the other's."""
     speculative_ids, target_ids = emitted_ids(rounds), emitted_ids(baseline)
     first = first_difference(speculative_ids, target_ids)
     if first is None:
@@ -421,15 +439,31 @@ def greedy_divergence(run: Run, rounds: list[Round], baseline: list[Round]) -> D
     context_ids = torch.tensor([context], device=run.target.device)  # [1, T + first]
     with run.schedulers.models_lock, openmp_workers_released():  # apart from other runs' passes; a Gradio thread
         logits = run.target.model(input_ids=context_ids, logits_to_keep=1).logits  # [1, 1, V]
-    scores = penalised_scores(logits, context_ids, run.request.sampling)[0, 0]  # [V] what greedy takes the argmax of
-    top_logits = scores.topk(2).values  # [2]
-    top_probs = scores.softmax(dim=-1).topk(2).values  # [2]
+    sampling = run.request.sampling
+    if sampling.is_coupled:  # what the rule takes the argmax of, at the differing token's position
+        probs = logits_to_probs(logits, context_ids, sampling, build_warpers(sampling))[0, 0]  # [V]
+        seed, vocab_size = noise_seed(sampling, run.target.device), logits.shape[-1]
+        noise = position_noise(NoiseAsk(seed, len(context), 1, 0, (), vocab_size, logits.device))[0]  # [V]
+        scores = coupled_scores(probs, noise)  # [V]
+        top_ids = scores.topk(2).indices  # [2]
+        top_scores, top_probs = scores[top_ids], probs[top_ids]  # [2] each
+    else:
+        scores = penalised_scores(logits, context_ids, sampling)[0, 0]  # [V] what greedy takes the argmax of
+        top_scores = scores.topk(2).values  # [2]
+        top_probs = scores.softmax(dim=-1).topk(2).values  # [2]
     decode = decode_fn(run.target)
     return Divergence(
         position=first + 1,
         speculative_text=token_text(decode, context, speculative_ids[first]),
         target_text=token_text(decode, context, target_ids[first]),
-        top2_logit_gap=float(top_logits[0] - top_logits[1]),
+        top2_logit_gap=float(top_scores[0] - top_scores[1]),
         top2_probs=(float(top_probs[0]), float(top_probs[1])),
         dtype=str(run.target.model.dtype).removeprefix("torch."),
+        temperature=sampling.temperature,
     )
+
+
+def noise_seed(sampling: SamplingConfig, device: torch.device) -> int:
+    """The coupled rule's noise seed of a row decoded on `device` with `sampling`, drawn as BatchDecoder.add draws it
+    (from a generator seeded with the run's seed)."""
+    return stream_seed(torch.Generator(device=device).manual_seed(sampling.seed))

@@ -1,12 +1,14 @@
 """Pure: one plain sentence per round, for stepping through a run in front of an audience: what was proposed, what the
-target accepted and why, where it refused and what it drew instead."""
+target accepted and why, where it refused and what it drew instead (under the coupled rule, the target's choice and the
+noise that made it)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from specdemo.app.views.render import Decode, token_text
-from specdemo.core.rounds import Round
+from specdemo.core.rounds import CoupledChoice, Round
 
 NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
@@ -30,13 +32,16 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int], gr
     "The draft proposed 5 tokens. The target accepted ' the' and ' cat' (p ≥ q), rejected ' sat' (p/q = 0.21 <
     u = 0.64), and drew ' ran' from what the draft under-weighted, max(0, p − q)." p and q are the target's and the
     draft's probabilities of a drafted token; a token is accepted when u < min(1, p/q). A `greedy` run's tests compare
-    each draft with the target's argmax."""
+    each draft with the target's argmax; a coupled round (`Round.coupled`) compares each with the target's choice,
+    the token with the largest log p + G under the position's noise G."""
     context = list(context_ids)
     drafted = round_.draft_token_ids
     texts = []
     for token in drafted:
         texts.append(repr(token_text(decode, context, token)))
         context.append(token)
+    if round_.coupled:
+        return _coupled_sentence(round_, decode, list(context_ids), texts)
     accepted = [
         f"{texts[i]} ({'its argmax' if greedy else _why_accepted(round_.acceptance_probs[i], round_.uniforms[i])})"
         for i in range(round_.num_accepted)
@@ -62,10 +67,7 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int], gr
                 if greedy
                 else f"drew {next_text} from what the draft under-weighted, max(0, p − q)"
             )
-        sentence = f"{proposed} The target {_listing(parts)}."
-        if untested:
-            sentence += f" The {_count(untested, 'draft')} after it {'was' if untested == 1 else 'were'} never tested."
-        return sentence
+        return f"{proposed} The target {_listing(parts)}.{_untested(untested)}"
     if next_text is None:
         return f"{proposed} The target {_listing(parts)}, and the run ended at the end-of-text token."
     everything = "all of them" if len(drafted) > 1 else "it"
@@ -75,19 +77,71 @@ def round_sentence(round_: Round, decode: Decode, context_ids: Sequence[int], gr
     )
 
 
-def _plain_step(round_: Round, next_text: str | None, greedy: bool) -> str:
-    """A round that drafted nothing: why (the drafter had nothing, or expected drafting to lose), and the target's
-    one step."""
-    offered = round_.plan.available_tokens if round_.plan is not None else 0
-    why = (
-        f"The drafter had {_count(offered, 'token')} to offer but expected drafting to lose here, so nothing was "
-        "drafted."
-        if offered
-        else "Nothing was drafted: the drafter had nothing to propose."
+def _untested(untested: int) -> str:
+    """' The two drafts after it were never tested.' ('' when none were left)."""
+    if not untested:
+        return ""
+    return f" The {_count(untested, 'draft')} after it {'was' if untested == 1 else 'were'} never tested."
+
+
+def _number(value: float) -> str:
+    """A score for prose: two decimals and a true minus sign; log 0 is −∞."""
+    return "−∞" if value == -math.inf else f"{value:.2f}".replace("-", "−")
+
+
+def _target_choice(choice: CoupledChoice) -> str:
+    return f"log p + G = {_number(choice.target_score)}, its noise G = {_number(choice.target_noise)}"
+
+
+def _matched(accepted: Sequence[str]) -> str:
+    """'' the', which matched the target's choice' or '' the' and ' cat', each of which matched the target's choice'."""
+    return f"{_listing(accepted)}, {'which' if len(accepted) == 1 else 'each of which'} matched the target's choice"
+
+
+def _coupled_sentence(round_: Round, decode: Decode, context_ids: list[int], texts: list[str]) -> str:
+    """A coupled round: each draft token is accepted while it is the target's choice y = argmax(log p + G); at the first
+    that is not, y is emitted instead (after a fully accepted draft, y at the next position is the bonus)."""
+    drafted, accepted = round_.draft_token_ids, texts[: round_.num_accepted]
+    choice = round_.coupled[round_.num_accepted]
+    chosen = repr(token_text(decode, [*context_ids, *drafted[: round_.num_accepted]], choice.target_id))
+    if not drafted:
+        took = f": its choice {chosen} ({_target_choice(choice)})" if round_.next_token_id is not None else ""
+        return f"{_nothing_drafted(round_)} The target took one plain step{took or ', and the run ended'}."
+    proposed = _proposed(round_)
+    if round_.num_accepted < len(drafted):
+        assert choice.draft_score is not None, f"a rejected draft has its score: {choice}"
+        before = f" The target accepted {_matched(accepted)}." if accepted else ""
+        where = "at the next position" if accepted else "at the first position"
+        return (
+            f"{proposed}{before} The target's choice {where} is {chosen} ({_target_choice(choice)}); the draft "
+            f"proposed {texts[round_.num_accepted]} (log p + G = {_number(choice.draft_score)}), so the draft stops "
+            f"here and the target's choice is emitted.{_untested(len(drafted) - round_.num_accepted - 1)}"
+        )
+    if round_.next_token_id is None:
+        return f"{proposed} The target accepted {_matched(accepted)}, and the run ended at the end-of-text token."
+    everything = "all of them" if len(drafted) > 1 else "it"
+    return (
+        f"{proposed} The target accepted {everything}: {_matched(accepted)}; the same pass gave the bonus token "
+        f"{chosen} ({_target_choice(choice)}), the target's choice at the next position."
     )
+
+
+def _nothing_drafted(round_: Round) -> str:
+    """Why a round drafted nothing: the drafter had nothing, or expected drafting to lose."""
+    offered = round_.plan.available_tokens if round_.plan is not None else 0
+    if offered:
+        return (
+            f"The drafter had {_count(offered, 'token')} to offer but expected drafting to lose here, so nothing was "
+            "drafted."
+        )
+    return "Nothing was drafted: the drafter had nothing to propose."
+
+
+def _plain_step(round_: Round, next_text: str | None, greedy: bool) -> str:
+    """A round that drafted nothing: why, and the target's one step."""
     drew = f": its argmax {next_text}" if greedy else f" and drew {next_text} from its own p"
     took = drew if next_text else ", and the run ended"
-    return f"{why} The target took one plain step{took}."
+    return f"{_nothing_drafted(round_)} The target took one plain step{took}."
 
 
 def _proposed(round_: Round) -> str:

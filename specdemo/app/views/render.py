@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from specdemo.core.rounds import Round
+from specdemo.core.rounds import CoupledChoice, Round
 from specdemo.core.stats import run_stats
 
 Kind = Literal["accepted", "rejected", "resampled", "bonus"]
@@ -23,7 +24,8 @@ SOURCES = {"copy": "the suffix drafter's copy", "head": "the recurrent head"}  #
 
 @dataclass(frozen=True)
 class TokenSpan:
-    """One token as the reader sees it: its text, what happened to it, and the numbers that decided it."""
+    """One token as the reader sees it: its text, what happened to it, and the numbers that decided it (under the
+    coupled rule, the noise G and log p + G in place of u and p/q)."""
 
     text: str
     kind: Kind
@@ -31,11 +33,18 @@ class TokenSpan:
     token_id: int
     target_prob: float | None  # p of this token at its position
     draft_prob: float | None  # q of this token (draft tokens only)
-    acceptance_prob: float | None  # min(1, p/q) (draft tokens only)
+    acceptance_prob: float | None  # min(1, p/q) (draft tokens of a standard round only)
     uniform: float | None  # the draw u it was tested with; None for drafts discarded after an earlier rejection
     plan: str = ""  # what a cost-aware drafter chose for the round, e.g. "drafted 3: expected 2.4 tokens for 1.7 steps"
     source: str = ""  # which drafter proposed a draft token, where several did: "copy" or "head"
     position: int | None = None  # the round's tested position that decided it (Round.views), None if never tested
+    # The coupled rule's numbers (all None for a standard round and for an untested draft): a drafted x is accepted
+    # when it is y, the target's choice, the token with the largest log p + G under its position's noise G.
+    noise: float | None = None  # G of this token at its position
+    score: float | None = None  # log p + G of this token
+    choice_id: int | None = None  # y at a draft token's position (the token itself where it was accepted)
+    choice_text: str = ""
+    choice_score: float | None = None  # log p + G of y
 
 
 def token_text(decode: Decode, context_ids: Sequence[int], token_id: int) -> str:
@@ -48,9 +57,11 @@ def round_spans(round_: Round, decode: Decode, emitted: list[int]) -> list[Token
     """One round's tokens in the order they were proposed or emitted; appends its emitted ids to `emitted`."""
     spans: list[TokenSpan] = []
     refused: list[int] = []  # rejected drafts of this round, decoded after each other where they were proposed
+    coupled = bool(round_.coupled)
     for position, token in enumerate(round_.draft_token_ids):
         accepted = position < round_.num_accepted
         tested = position <= round_.num_accepted
+        choice = round_.coupled[position] if coupled and tested else None
         spans.append(
             TokenSpan(
                 text=token_text(decode, emitted + refused, token),
@@ -59,11 +70,16 @@ def round_spans(round_: Round, decode: Decode, emitted: list[int]) -> list[Token
                 token_id=token,
                 target_prob=round_.target_probs[position],
                 draft_prob=round_.draft_probs[position],
-                acceptance_prob=round_.acceptance_probs[position],
-                uniform=round_.uniforms[position] if tested else None,
+                acceptance_prob=None if coupled else round_.acceptance_probs[position],
+                uniform=round_.uniforms[position] if tested and not coupled else None,
                 plan=plan_text(round_),
                 source=round_.candidates[round_.path].source if round_.candidates else "",
                 position=position if tested else None,
+                **(
+                    _coupled_test(choice, choice.draft_noise, choice.draft_score, decode, emitted)
+                    if choice is not None
+                    else {}
+                ),
             )
         )
         (emitted if accepted else refused).append(token)
@@ -74,10 +90,26 @@ def round_spans(round_: Round, decode: Decode, emitted: list[int]) -> list[Token
     return spans
 
 
+def _coupled_test(
+    choice: CoupledChoice, noise: float | None, score: float | None, decode: Decode, context_ids: Sequence[int]
+) -> dict:
+    """A coupled round's drafted token at a tested position: its noise and log p + G, and the target's choice y there
+    (decoded after `context_ids`), which it had to be."""
+    return {
+        "noise": noise,
+        "score": score,
+        "choice_id": choice.target_id,
+        "choice_text": token_text(decode, context_ids, choice.target_id),
+        "choice_score": choice.target_score,
+    }
+
+
 def _next_span(round_: Round, decode: Decode, context_ids: Sequence[int]) -> TokenSpan | None:
-    """The round's resampled or bonus token after `context_ids`; None when an accepted EOS ended the run."""
+    """The round's resampled or bonus token after `context_ids`; None when an accepted EOS ended the run. Under the
+    coupled rule it is the target's choice there, with its noise and log p + G."""
     if round_.next_token_id is None or round_.next_kind is None:
         return None
+    choice = round_.coupled[round_.num_accepted] if round_.coupled else None
     return TokenSpan(
         text=token_text(decode, context_ids, round_.next_token_id),
         kind=round_.next_kind,
@@ -89,6 +121,8 @@ def _next_span(round_: Round, decode: Decode, context_ids: Sequence[int]) -> Tok
         uniform=None,
         plan=plan_text(round_),
         position=round_.num_accepted,
+        noise=choice.target_noise if choice is not None else None,
+        score=choice.target_score if choice is not None else None,
     )
 
 
@@ -134,9 +168,24 @@ def _tooltip(span: TokenSpan) -> str:
         parts.append(f"accept with min(1, p/q) = {span.acceptance_prob:.4f}")
     if span.uniform is not None:
         parts.append(f"uniform draw u = {span.uniform:.4f}")
+    elif span.noise is not None:
+        parts.append(_coupled_tooltip(span))
     elif span.kind == "rejected":
         parts.append("not tested: an earlier draft of this round was rejected")
     return " · ".join(parts)
+
+
+def _coupled_tooltip(span: TokenSpan) -> str:
+    """How the coupled rule decided a token: its noise G and log p + G, against the target's choice's."""
+    own = f"log p + G = {span.score:.4f}, its noise G = {span.noise:.4f}"
+    if span.kind == "rejected":
+        return (
+            f"not the target's choice: {own}; the target's choice here is {span.choice_text!r} "
+            f"(log p + G = {span.choice_score:.4f}), emitted in its place"
+        )
+    if span.kind == "accepted":
+        return f"matched the target's choice: {own}, the largest here"
+    return f"the target's choice: {own}, the largest here (a sample from p)"
 
 
 def html_spans(spans: Sequence[TokenSpan], round_marks: bool = True, clickable: bool = False) -> str:
@@ -177,7 +226,11 @@ LEGEND_HTML = " ".join(
     for kind, meaning in (
         ("accepted", "a draft token the target accepted (green, a solid underline)"),
         ("rejected", "a draft token the target refused (red, struck through, where it was proposed)"),
-        ("resampled", "the target's own token after a rejection, from norm(max(0, p - q)) (amber, dotted underline)"),
+        (
+            "resampled",
+            "the target's own token after a rejection: from norm(max(0, p - q)), or under the coupled rule the "
+            "target's choice, the largest log p + G (amber, dotted underline)",
+        ),
         ("bonus", "the extra target token after all drafts were accepted (blue, a double underline)"),
     )
 )
@@ -214,11 +267,15 @@ class _Node:
 
 def _candidate_tree(round_: Round, decode: Decode, emitted: list[int]) -> dict[int, _Node]:
     """The round's candidates as a prefix tree. A shared token shows the test it met: the first candidate that tested
-    it (the rule tries a token once; a later candidate with the same token waits on that test)."""
+    it (the rule tries a token once; a later candidate with the same token waits on that test). Under the coupled rule
+    a candidate's `uniforms` hold the noise G of each of its tokens."""
     roots: dict[int, _Node] = {}
+    coupled = bool(round_.coupled)
     for w, candidate in enumerate(round_.candidates):
         level, context = roots, list(emitted)
         for j, token in enumerate(candidate.token_ids):
+            tested = candidate.tested[j]
+            noise = candidate.uniforms[j]
             span = TokenSpan(
                 text=token_text(decode, context, token),
                 kind="accepted" if candidate.accepted[j] else "rejected",
@@ -226,17 +283,33 @@ def _candidate_tree(round_: Round, decode: Decode, emitted: list[int]) -> dict[i
                 token_id=token,
                 target_prob=candidate.target_probs[j],
                 draft_prob=candidate.draft_probs[j],
-                acceptance_prob=candidate.acceptance_probs[j],
-                uniform=candidate.uniforms[j] if candidate.tested[j] else None,
+                acceptance_prob=None if coupled else candidate.acceptance_probs[j],
+                uniform=noise if tested and not coupled else None,
                 plan=plan_text(round_),
                 source=candidate.source,
+                **(
+                    _coupled_test(
+                        round_.coupled[j], noise, log_score(candidate.target_probs[j], noise), decode, context
+                    )
+                    if coupled and tested
+                    else {}
+                ),
             )
             node = level.setdefault(token, _Node(span, [], {}))
-            if node.span.uniform is None and span.uniform is not None:
+            if not _was_tested(node.span) and _was_tested(span):
                 node.span = span
             node.candidates.append(w)
             level, context = node.children, [*context, token]
     return roots
+
+
+def log_score(target_prob: float, noise: float) -> float:
+    """log p + G, the coupled rule's score of a token (−inf where p = 0: the target never picks it)."""
+    return (math.log(target_prob) if target_prob > 0 else -math.inf) + noise
+
+
+def _was_tested(span: TokenSpan) -> bool:
+    return span.uniform is not None or span.noise is not None
 
 
 def _branches_html(level: dict[int, _Node], path: int | None) -> str:
@@ -278,7 +351,7 @@ def _leaf_html(tokens: str, candidates: list[int], path: int | None) -> str:
 def candidates_html(rounds: Sequence[Round], decode: Decode) -> str:
     """Each round's W candidates as a tree: a prefix they share is drawn once, branches indent under it, the accepted
     path comes first and is marked, a rejected or untested token is struck through, and every token carries its p, q,
-    min(1, p/q) and u on hover. The latest rounds only."""
+    min(1, p/q) and u on hover (under the coupled rule, its noise G and log p + G). The latest rounds only."""
     emitted: list[int] = []
     blocks: list[str] = []
     first_shown = max(0, len(rounds) - MAX_CANDIDATE_ROUNDS)

@@ -1,10 +1,12 @@
 """Pure: a run as a replay record (plain JSON, kept in the downloaded trace) that the page steps through round by round
 with no model: each round's tokens, its sentence, and at each tested position the target's p, the draft's q and the
-residual over their top tokens, decoded; and the inspector's figure of one position."""
+residual over their top tokens, decoded (under the coupled rule, the target's choice and the draft's with the noise
+that decided them, in place of the residual and u); and the inspector's figure of one position."""
 
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from dataclasses import asdict
 
@@ -12,10 +14,12 @@ import plotly.graph_objects as go
 
 from specdemo.app.views.narrate import round_sentence
 from specdemo.app.views.plots import COLOURS, plain_figure
-from specdemo.app.views.render import Decode, TokenSpan, html_spans, round_spans, token_text
-from specdemo.core.rounds import Round
+from specdemo.app.views.render import Decode, TokenSpan, html_spans, log_score, round_spans, token_text
+from specdemo.core.rounds import CandidateTrace, Round
 
-REPLAY_FORMAT = 1  # bumped when the record's shape changes; a trace of another format is refused in one sentence
+# Bumped when the record's shape changes; a trace of another format is refused in one sentence. A key that older
+# records lack (a view's "coupled", a span's noise) is read with a default instead, so those still load.
+REPLAY_FORMAT = 1
 
 
 def _view_record(round_: Round, position: int, decode: Decode, context: list[int]) -> dict:
@@ -30,30 +34,50 @@ def _view_record(round_: Round, position: int, decode: Decode, context: list[int
     record["drafted_index"] = view.token_ids.index(drafted) if drafted in view.token_ids else None
     record["drawn"] = None if drawn is None else token_text(decode, context, drawn)
     record["drawn_index"] = view.token_ids.index(drawn) if drawn in view.token_ids else None
-    record["ratio"] = round_.acceptance_probs[position] if drafted is not None else None
-    record["u"] = round_.uniforms[position] if drafted is not None else None
+    coupled = bool(round_.coupled)
+    record["ratio"] = round_.acceptance_probs[position] if drafted is not None and not coupled else None
+    record["u"] = round_.uniforms[position] if drafted is not None and not coupled else None
     record["accepted"] = position < round_.num_accepted
     record["next_kind"] = round_.next_kind if drawn is not None else None
     record["step"] = "test" if drafted is not None else ("bonus" if round_.draft_token_ids else "plain")
     record["tests"] = [
-        {
-            "candidate": number,
-            "token": token_text(decode, context, candidate.token_ids[position]),
-            "p": candidate.target_probs[position],  # what was left of p at its test: p, then each residual in turn
-            "q": candidate.draft_probs[position],
-            "ratio": candidate.acceptance_probs[position],
-            "u": candidate.uniforms[position],
-            "accepted": candidate.accepted[position],
-        }
+        _candidate_record(candidate, position, coupled)
+        | {"candidate": number, "token": token_text(decode, context, candidate.token_ids[position])}
         for number, candidate in enumerate(round_.candidates, start=1)
         if len(round_.candidates) > 1 and position < len(candidate.tested) and candidate.tested[position]
     ]
+    record["coupled"] = None
+    if coupled:
+        choice = round_.coupled[position]
+        record["residual"], record["residual_rest"] = [], 0.0  # the next token is y, drawn from p by the noise
+        record["coupled"] = asdict(choice) | {
+            "target": token_text(decode, context, choice.target_id),
+            "draft": record["drafted"],
+            "target_index": view.token_ids.index(choice.target_id) if choice.target_id in view.token_ids else None,
+        }
     return record
+
+
+def _candidate_record(candidate: CandidateTrace, position: int, coupled: bool) -> dict:
+    """One candidate's test at `position`: its p, q, min(1, p/q) and u; under the `coupled` rule (where `uniforms` hold
+    the noise G) its G and log p + G, accepted when it is the target's choice."""
+    if coupled:
+        noise = candidate.uniforms[position]
+        score = log_score(candidate.target_probs[position], noise)
+        return {"noise": noise, "score": score, "accepted": candidate.accepted[position]}
+    return {
+        "p": candidate.target_probs[position],  # what was left of p at its test: p, then each residual in turn
+        "q": candidate.draft_probs[position],
+        "ratio": candidate.acceptance_probs[position],
+        "u": candidate.uniforms[position],
+        "accepted": candidate.accepted[position],
+    }
 
 
 def replay_record(rounds: Sequence[Round], decode: Decode, prompt_ids: Sequence[int], greedy: bool = False) -> dict:
     """Everything the step view and the inspector show of a run, decoded once (`greedy`: a temperature-0 run, whose
-    tests compare argmaxes)."""
+    tests compare argmaxes); a coupled round's views each keep their `Round.coupled` entry under "coupled" (None for
+    a standard round's, and absent from a record written before the coupled rule)."""
     emitted: list[int] = []
     context = list(prompt_ids)
     records = []
@@ -138,15 +162,51 @@ def _acceptance_line(view: dict) -> list[dict]:
     ]
 
 
+def _scores_bars(choice: dict) -> list[dict]:
+    """The coupled rule's decision at a position: log p + G of the target's choice y (the largest there) and of the
+    drafted x, which is accepted when it is y."""
+    rows = [(f"target's choice {choice['target']!r}", choice["target_score"], choice["target_noise"], "verify")]
+    if choice["draft_id"] is not None and choice["draft_id"] != choice["target_id"]:
+        rows.append((f"drafted {choice['draft']!r}", choice["draft_score"], choice["draft_noise"], "draft"))
+    return [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "x": [score if math.isfinite(score) else None],  # log 0: no bar
+            "y": [name],
+            "name": f"{name}: log p + G = {score:.2f} (G = {noise:.2f})",
+            "marker": {"color": COLOURS[colour], "opacity": 0.6},
+            "xaxis": "x2",
+            "yaxis": "y2",
+            "width": 0.6,
+        }
+        for name, score, noise, colour in rows
+    ]
+
+
+def _marked_labels(view: dict) -> list[str]:
+    """The position's token labels with the drafted and the drawn token marked (under the coupled rule, the target's
+    choice y and the drafted x)."""
+    labels = [repr(label)[1:-1] or "∅" for label in view["labels"]] + ["(all others)"]
+    choice = view.get("coupled")
+    if choice and choice["target_index"] == view["drafted_index"]:
+        marks = [(view["drafted_index"], "drafted x = the target's choice y")]
+    elif choice:
+        marks = [(view["drafted_index"], "drafted x"), (choice["target_index"], "the target's choice y")]
+    else:
+        marks = [(view["drafted_index"], "drafted"), (view["drawn_index"], "drawn")]
+    for index, mark in marks:
+        if index is not None:
+            labels[index] = f"{labels[index]} ({mark})"
+    return labels
+
+
 def inspector_figure(view: dict, title: str, greedy: bool = False) -> go.Figure:
     """Paired bars of p and q over the position's top tokens (the rest lumped), the residual where the next token came
     from it, the drafted and the drawn token marked, and the drafted token's test as u against min(1, p/q) (none for a
-    greedy run: its p and q are one-hot at the argmaxes, and no u decides)."""
-    labels = [repr(label)[1:-1] or "∅" for label in view["labels"]] + ["(all others)"]
-    names = {"drafted_index": "drafted", "drawn_index": "drawn"}
-    for key, mark in names.items():
-        if view.get(key) is not None:
-            labels[view[key]] = f"{labels[view[key]]} ({mark})"
+    greedy run: its p and q are one-hot at the argmaxes, and no u decides). Under the coupled rule: no residual, and
+    log p + G of the target's choice y and of the drafted x in place of u."""
+    labels = _marked_labels(view)
     bars = [
         ("target p", view["target"] + [view["target_rest"]], COLOURS["verify"]),
         ("draft q", view["draft"] + [view["draft_rest"]], COLOURS["draft"]),
@@ -175,6 +235,11 @@ def inspector_figure(view: dict, title: str, greedy: bool = False) -> go.Figure:
         }
         layout["yaxis2"] = {"domain": [0.0, 0.1], "anchor": "x2", "showticklabels": False}
         layout["yaxis"]["domain"] = [0.42, 1.0]
+    elif view.get("coupled"):
+        traces += _scores_bars(view["coupled"])
+        layout["xaxis2"] = {"anchor": "y2", "title": {"text": "log p + G: the largest is the target's choice"}}
+        layout["yaxis2"] = {"domain": [0.0, 0.14], "anchor": "x2", "showticklabels": False}
+        layout["yaxis"]["domain"] = [0.46, 1.0]
     return plain_figure(traces, title, layout)
 
 
@@ -182,6 +247,8 @@ def view_title(view: dict, round_number: int, position: int, greedy: bool = Fals
     """What the inspector shows, in words: the position and how its token was decided; with W > 1, each candidate
     tested there and against what."""
     where = f"Round {round_number}, draft position {position + 1}"
+    if view.get("coupled"):
+        return _coupled_title(view, round_number, where)
     source = "argmax" if greedy else "p"
     if view["step"] == "plain":
         return f"Round {round_number}: nothing drafted; the target drew {view['drawn']!r} from its {source}"
@@ -203,6 +270,41 @@ def view_title(view: dict, round_number: int, position: int, greedy: bool = Fals
     if len(tests) > 1 or (tests and tests[0]["candidate"] != 1):
         title += ". Tested here, in turn: " + "; ".join(_candidate_test(test, i) for i, test in enumerate(tests))
     return title
+
+
+def _coupled_title(view: dict, round_number: int, where: str) -> str:
+    """A coupled position in words: the target's choice y with its log p + G and noise G, the drafted x with its, and
+    what a match had to expect there under each rule."""
+    choice = view["coupled"]
+    target = (
+        f"{choice['target']!r} (log p + G = {choice['target_score']:.2f}, its noise G = {choice['target_noise']:.2f})"
+    )
+    if view["step"] == "plain":
+        return f"Round {round_number}: nothing drafted; the target's choice is {target}"
+    if view["step"] == "bonus":
+        return f"{where}: every draft accepted; the bonus is the target's choice {target}"
+    if view["accepted"]:
+        title = f"{where}: {view['drafted']!r} accepted: it is the target's choice {target}, the largest log p + G here"
+    else:
+        title = (
+            f"{where}: {view['drafted']!r} rejected: the target's choice is {target}; the draft's has log p + G = "
+            f"{choice['draft_score']:.2f} (its noise G = {choice['draft_noise']:.2f}), so the target's choice is "
+            "emitted instead"
+        )
+    low, high = choice["coupled_chance"], choice["coupled_chance_high"]
+    chance = f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f} to {high:.2f}"
+    standard = choice["standard_chance"]
+    title += f". A match here had chance {chance} (the standard rule would accept with 1 − TV = {standard:.2f})"
+    tests = view.get("tests") or []
+    if len(tests) > 1 or (tests and tests[0]["candidate"] != 1):
+        title += ". Tested here, in turn: " + "; ".join(_coupled_test(test) for test in tests)
+    return title
+
+
+def _coupled_test(test: dict) -> str:
+    """ "candidate 2 ' b': log p + G = -1.20, not the target's choice"."""
+    verdict = "the target's choice, accepted" if test["accepted"] else "not the target's choice"
+    return f"candidate {test['candidate']} {test['token']!r}: log p + G = {test['score']:.2f}, {verdict}"
 
 
 def _candidate_test(test: dict, order: int) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdemo.core.rounds import Round
+from specdemo.core.rounds import CoupledChoice, Round
 from specdemo.core.stats import Comparison, RunStats
 
 
@@ -97,14 +97,17 @@ NEAR_TIE_LOGIT_GAPS = {  # top-2 logit gaps that rounding can flip between pass 
 
 @dataclass(frozen=True)
 class Divergence:
-    """Where greedy speculative and target-only tokens first differ, and how close the target's top two were there."""
+    """Where speculative and target-only tokens first differ (a greedy run, or a sampled run under the coupled rule),
+    and how close the target's top two were there."""
 
     position: int  # the first differing generated token, counted from 1
     speculative_text: str  # the token the speculative run emitted there
     target_text: str  # the token the target alone emitted there
-    top2_logit_gap: float  # the target's best logit minus its second best, in one pass over the shared prefix
-    top2_probs: tuple[float, float]  # the same two as probabilities
+    top2_logit_gap: float  # the target's best score minus its second best, in one pass over the shared prefix: its
+    # logits for a greedy run, log p + G (the coupled rule's noise G) for a coupled one
+    top2_probs: tuple[float, float]  # the same two as probabilities (p)
     dtype: str  # the number format the target ran in
+    temperature: float = 0.0  # 0: greedy; else the coupled run's, which divides the logits' rounding in log p
 
 
 def first_difference(speculative_ids: Sequence[int], target_ids: Sequence[int]) -> int | None:
@@ -112,24 +115,69 @@ def first_difference(speculative_ids: Sequence[int], target_ids: Sequence[int]) 
     return next((i for i, (a, b) in enumerate(zip(speculative_ids, target_ids, strict=False)) if a != b), None)
 
 
-def greedy_check(identical: bool, divergence: Divergence | None) -> str:
-    """The greedy identity check: identical, or where the texts part and how near the target's top two were."""
+def greedy_check(identical: bool, divergence: Divergence | None, coupled_seed: int | None = None) -> str:
+    """The identity check of a greedy run, or of a sampled run under the coupled rule (`coupled_seed`: its seed):
+    identical, or where the texts part and how near the target's top two were."""
+    check = "Greedy check" if coupled_seed is None else f"Same-text check (coupled rule, seed {coupled_seed})"
     if identical:
-        return "Greedy check: the two texts are **identical**, token for token."
+        return f"{check}: the two texts are **identical**, token for token."
+    flips = "an argmax" if coupled_seed is None else "the largest log p + G"
     if divergence is None:
-        return "Greedy check: the two texts **differ** (near-ties in the target's logits can flip an argmax)."
+        return f"{check}: the two texts **differ** (near-ties in the target's scores can flip {flips})."
     d = divergence
+    scores = "logits" if coupled_seed is None else "scores log p + G"
     where = (
-        f"Greedy check: the two texts **differ** from generated token {d.position} on ({d.speculative_text!r} "
-        f"speculative, {d.target_text!r} target alone), where the target's top two logits are {d.top2_logit_gap:.3g} "
-        f"apart ({d.top2_probs[0]:.1%} against {d.top2_probs[1]:.1%})"
+        f"{check}: the two texts **differ** from generated token {d.position} on ({d.speculative_text!r} "
+        f"speculative, {d.target_text!r} target alone), where the target's top two {scores} are "
+        f"{d.top2_logit_gap:.3g} apart ({d.top2_probs[0]:.1%} against {d.top2_probs[1]:.1%})"
     )
-    if d.top2_logit_gap <= NEAR_TIE_LOGIT_GAPS.get(d.dtype, 0.0):
+    rounding = NEAR_TIE_LOGIT_GAPS.get(d.dtype, 0.0) / (d.temperature or 1.0)  # log p moves as logits / temperature
+    if d.top2_logit_gap <= rounding:
         return (
             f"{where}: in {d.dtype}, a K+1-token verification pass and one-token steps round differently, and at "
-            "such a near-tie that can flip the argmax."
+            f"such a near-tie that can flip {flips}."
         )
     return f"{where}: too wide a gap for rounding to flip, so this is worth reporting, with the trace."
+
+
+@dataclass(frozen=True)
+class CoupledChances:
+    """The coupled rule's theory beside its measurement, over the tested drafted positions of a run's paths."""
+
+    num_tested: int  # drafted positions the target's token was compared with
+    num_matched: int  # those whose draft was the target's token (accepted)
+    coupled_low: float  # the mean chance of a match the coupled rule predicts from each position's p and q, bounded
+    coupled_high: float
+    standard: float  # the mean chance the standard rule accepts a token drafted from q there: 1 - TV(p, q)
+
+
+def coupled_chances(rounds: Sequence[Round]) -> CoupledChances | None:
+    """Theory and measurement from the rounds' coupled choices (None without a tested drafted position: a standard
+    run, a greedy one, or one that drafted nothing)."""
+    tested: list[CoupledChoice] = [c for r in rounds for c in r.coupled if c.draft_id is not None]
+    if not tested:
+        return None
+
+    chances = [(c.coupled_chance, c.coupled_chance_high, c.standard_chance) for c in tested]
+    assert all(None not in row for row in chances), f"a drafted position without its chances: {chances}"
+    low, high, standard = (sum(column) / len(tested) for column in zip(*chances, strict=True))  # type: ignore[arg-type]
+    matched = sum(c.draft_id == c.target_id for c in tested)
+    return CoupledChances(len(tested), matched, low, high, standard)
+
+
+def chances_line(chances: CoupledChances) -> str:
+    """The match chance the coupled rule predicts from the run's own p and q, the standard rule's 1 − TV beside it,
+    and the share of drafts that matched."""
+    c = chances
+    low, high, standard = f"{c.coupled_low:.0%}", f"{c.coupled_high:.0%}", f"{c.standard:.0%}"
+    predicted = low if low == high else f"{low} to {high}"  # one number where the bounds meet (a fixed draft)
+    agree = "; the two agree where the drafter proposes fixed tokens" if predicted == standard else ""
+    return (
+        f"**Theory beside measurement**: from this run's own p and q at its {c.num_tested} tested drafts, the coupled "
+        f"rule predicts a draft matches the target's token {predicted} of the time (the standard rule would accept "
+        f"{standard}, 1 − TV{agree}); measured: {c.num_matched} of {c.num_tested} matched "
+        f"({c.num_matched / c.num_tested:.0%})."
+    )
 
 
 def plan_line(planned: float, comparison: Comparison | None) -> str:
@@ -181,11 +229,14 @@ def summary_markdown(
     greedy: bool = False,
     number_format: str | None = None,
     divergence: Divergence | None = None,
+    coupled_seed: int | None = None,
+    chances: CoupledChances | None = None,
 ) -> str:
-    """What a run's summary says under its three big numbers: for greedy runs whether the texts are identical (else
-    where they part: `divergence`), and why speculation lost when it did; folded beneath, one click away, the run in
-    numbers and its number format (e.g. "float32 (auto: this CPU has no native bfloat16)") and, with a baseline, the
-    speedup explained with the prediction beside it."""
+    """What a run's summary says under its three big numbers: for greedy runs, and sampled runs under the coupled rule
+    (`coupled_seed`: their seed), whether the texts are identical (else where they part: `divergence`), and why
+    speculation lost when it did; folded beneath, one click away, the run in numbers, the coupled rule's predicted
+    match chance beside the measured one (`chances`), its number format (e.g. "float32 (auto: this CPU has no native
+    bfloat16)") and, with a baseline, the speedup explained with the prediction beside it."""
     lines = [
         "| run | tokens | seconds | tokens/s | model passes |",
         "|---|---|---|---|---|",
@@ -196,6 +247,8 @@ def summary_markdown(
     if draft_alone is not None:
         lines.append(_row("draft alone", draft_alone))
     lines += ["", alpha_line(spec)]
+    if chances is not None:
+        lines += ["", chances_line(chances)]
     if spec.planned_speedup is not None:
         lines += ["", plan_line(spec.planned_speedup, comparison)]
     if number_format:
@@ -204,7 +257,8 @@ def summary_markdown(
         return folded([], lines)
     c = comparison
     lines += ["", *explanation(spec, c, num_draft_tokens)]
-    lead = [greedy_check(c.identical, divergence)] if greedy else []
+    checked = greedy or coupled_seed is not None  # the text must be the target alone's, token for token
+    lead = [greedy_check(c.identical, divergence, coupled_seed)] if checked else []
     if c.speedup < 1.0:
         slowest = max((v for _, v in c.verify_cost_by_k), default=1.0)
         lead.append(
@@ -236,14 +290,17 @@ def sharing_note(speculative: Sequence[Round], baseline: Sequence[Round]) -> str
     )
 
 
-def cut_note(rounds: Sequence[Round], greedy: bool) -> str | None:
-    """What cutting drafts for shared passes did to the run (None when no round was cut)."""
+def cut_note(rounds: Sequence[Round], greedy: bool, coupled: bool = False) -> str | None:
+    """What cutting drafts for shared passes did to the run (None when no round was cut); `coupled`: a sampled run
+    under the coupled rule, whose tokens are the same as alone."""
     cut = [r for r in rounds if r.cut]
     if not cut:
         return None
     same = (
         "a greedy run's are the same as alone"
         if greedy
+        else "under the coupled rule, a sampled run's are the same as alone"
+        if coupled
         else "a sampled run's are another draw of the same distribution than its seed gives alone"
     )
     return (
