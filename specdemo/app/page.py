@@ -19,7 +19,8 @@ from specdemo.pairs import DEFAULT_PAIR
 HEADER = (
     "<h2>Speculative decoding, made visible</h2><p>A draft proposes tokens; the target checks them all in one pass "
     "and keeps each with probability min(1, p/q), resampling the first it refuses. The output follows exactly the "
-    f"target's own distribution: only the speed changes.</p><p>{LEGEND_HTML}</p>"
+    "target's own distribution: only the speed changes. Under the rule <i>same text for any drafter</i> one noise "
+    f"per position picks both tokens, and the text is the target's own for its seed.</p><p>{LEGEND_HTML}</p>"
 )
 # Gradio's queue looks for new events every 1 ms while it has none to start, and for progress every 10 ms; each look
 # takes the GIL from the engine's thread. The idle server's thread used 0.8 s of CPU in 8 s, 0.09 s at these periods.

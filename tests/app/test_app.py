@@ -21,6 +21,8 @@ from gradio_client.exceptions import AppError
 import specdemo.app.tabs.one_prompt as one_prompt
 from specdemo.app import page
 from specdemo.app.form import parse_request
+from specdemo.app.serving.divergence import divergence as find_divergence
+from specdemo.app.serving.divergence import noise_seed
 from specdemo.app.serving.handlers import Downloads
 from specdemo.app.serving.runs import Run, Server
 from specdemo.app.tabs import batch
@@ -260,10 +262,10 @@ def test_a_greedy_difference_is_located_with_the_targets_top_two_there(offline_m
     eos = offline_model.eos_token_ids
     baseline = list(autoregressive_generate(offline_model.model, prompt_ids, request.sampling, 6, eos))
     target_ids = emitted_ids(baseline)
-    assert one_prompt.divergence(run, baseline, baseline) is None
+    assert find_divergence(run, baseline, baseline) is None
     swapped = (target_ids[3] + 1) % offline_model.vocab_size  # the "speculative" run emits another 4th token
     speculative = [*baseline[:3], replace(baseline[3], next_token_id=swapped), *baseline[4:]]
-    divergence = one_prompt.divergence(run, speculative, baseline)
+    divergence = find_divergence(run, speculative, baseline)
     decode = offline_model.tokenizer.decode
     assert (divergence.position, divergence.dtype) == (4, str(offline_model.model.dtype).removeprefix("torch."))
     assert divergence.speculative_text == decode([swapped]) and divergence.target_text == decode([target_ids[3]])
@@ -291,7 +293,7 @@ def test_a_coupled_difference_is_located_with_the_targets_top_two_scores_there(o
         decoded[drafting] = [round_ for batch in stream.rounds(0.1) for round_ in batch]
     speculative, baseline = decoded[True], decoded[False]
     assert emitted_ids(speculative) == emitted_ids(baseline)  # the rule's promise, which the page checks
-    seed = one_prompt.noise_seed(request.sampling, device)
+    seed = noise_seed(request.sampling, device)
     assert 0 <= seed < 2**SEED_BITS
     start = len(run.prompts[0])
     for round_ in speculative:
@@ -299,11 +301,11 @@ def test_a_coupled_difference_is_located_with_the_targets_top_two_scores_there(o
             noise = position_noise(NoiseAsk(seed, start + offset, 1, 0, (), vocab_size, device))[0]  # [V]
             assert float(noise[choice.target_id]) == choice.target_noise
         start += len(round_.emitted_token_ids)
-    assert one_prompt.divergence(run, speculative, baseline) is None
+    assert find_divergence(run, speculative, baseline) is None
     target_ids = emitted_ids(baseline)
     swapped = (target_ids[3] + 1) % vocab_size  # the "speculative" run emits another 4th token
     changed = [*baseline[:3], replace(baseline[3], next_token_id=swapped), *baseline[4:]]
-    divergence = one_prompt.divergence(run, changed, baseline)
+    divergence = find_divergence(run, changed, baseline)
     decode = offline_model.tokenizer.decode
     assert (divergence.position, divergence.temperature) == (4, 0.8)
     assert divergence.speculative_text == decode([swapped]) and divergence.target_text == decode([target_ids[3]])
