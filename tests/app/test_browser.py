@@ -118,6 +118,13 @@ def test_a_sampled_run_under_the_coupled_rule_writes_the_target_alones_text(brow
     page.locator("#summary details.numbers summary").click()  # the numbers, with the theory beside the measurement
     page.wait_for_function("document.querySelector('#summary')?.innerText.includes('Theory beside measurement')")
     page.screenshot(path=str(ARTIFACTS / "coupled-light.png"), full_page=True)
+    page.locator("#tokens .tok-rejected[data-r]").first.click()  # the inspector: the target's choice, the draft's, G
+    page.wait_for_selector("#inspector .js-plotly-plot .main-svg")
+    page.wait_for_function("document.querySelector('#inspector-note')?.innerText.includes('rejected')")
+    note = page.inner_text("#inspector-note")
+    assert "the target's choice is" in note and "log p + G" in note and "u = " not in note, note
+    page.locator("#inspector").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "coupled-inspector-light.png"), full_page=True)
     page.close()
 
 
