@@ -155,7 +155,10 @@ def offline(request, offline_model):
 
 @pytest.mark.parametrize("kind", ["ngram", "suffix", "recurrent", "hybrid"])
 def test_coupled_text_on_the_offline_model(offline, kind):
-    """Four rows (one a setting) in one batch, K = 4 and W = 3, against each row's target-only text."""
+    """Four rows (one a setting) in one batch, K = 4 and W = 3, against each row's target-only text; in bfloat16 the
+    kinds that sample (the head, alone and in the hybrid)."""
     loaded, prompts, alone = offline
+    if loaded.model.dtype == torch.bfloat16 and kind in ("ngram", "suffix"):
+        pytest.skip("in float32 here; every kind in bfloat16: python -m benchmarks.coupled identity --dtype bfloat16")
     spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=3, max_new_tokens=12)
     assert texts(loaded.model, build_drafter(kind, loaded), prompts, OFFLINE_ROWS, spec, 4) == alone
