@@ -18,7 +18,6 @@ from specdemo.core.fixed_rule import GAMMA, MIX_1, MIX_2, shift_right_logical
 from specdemo.core.rounds import CoupledChoice
 from specdemo.core.verify import CandidateVerdict, first_rejection_index
 
-STANDARD, COUPLED = "standard", "coupled"  # SamplingConfig.rule
 POSITION_SALT = 0x2545F4914F6CDD1D  # keeps a position's key apart from the id stream it seeds
 
 
@@ -73,9 +72,7 @@ Noise = Callable[[NoiseAsk], torch.Tensor]  # -> [count, V] float64; the audit p
 
 def position_noise(ask: NoiseAsk) -> torch.Tensor:  # [count, V] float64
     """The rule's noise: G_t for t = start .. start + count - 1, from the seed and the position alone."""
-    seeds = torch.tensor([ask.seed], dtype=torch.int64, device=ask.device)
-    positions = torch.arange(ask.start, ask.start + ask.count, dtype=torch.int64, device=ask.device)[None]
-    return gumbel_noise(seeds, positions, ask.vocab_size)[0]
+    return row_noise([ask.seed], [ask.start], ask.count, ask.vocab_size, ask.device)[0]
 
 
 def row_noise(seeds: list[int], starts: list[int], count: int, vocab_size: int, device: torch.device) -> torch.Tensor:

@@ -67,7 +67,7 @@ class ModelDrafter:
                 torch.nn.utils.rnn.pad_sequence(uniforms, batch_first=True),
             )
             for row, i in enumerate(drafting):  # the coupled rule's rows draw with the noise instead
-                if requests[i].sampling.rule == "coupled" and not samplings[i].is_greedy:
+                if requests[i].sampling.is_coupled and not samplings[i].is_greedy:
                     tokens[row, : len(beams[i])] = _coupled_tokens(requests[i], step, step_probs[row])
             for row, i in enumerate(drafting):
                 for w, beam in enumerate(beams[i]):
