@@ -43,14 +43,21 @@ def noise_bits(
     return mix64(keys[..., None] + ids * GAMMA)
 
 
+def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:  # [...] int64 -> [...] float64
+    """u = (x + 0.5) * 2^-52 with x the top 52 bits: x + 0.5 < 2^52 is exact in float64 (53 significant bits), so u
+    lies in [2^-53, 1 - 2^-53], never 0 or 1, and -log(-log(u)) is finite. With 53 bits the + 0.5 rounds away for
+    x >= 2^52 and x = 2^53 - 1 gives u = 1.0, G = +inf."""
+    return (shift_right_logical(bits, 12).double() + 0.5) * 2.0**-52
+
+
 def gumbel_noise(
     seeds: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B, n] int64
     vocab_size: int,
 ) -> torch.Tensor:  # [B, n, V] float64
-    """G = -log(-log(u)) with u the top 53 bits, centred in their step so u is never 0 or 1: one fused expression."""
-    uniforms = (shift_right_logical(noise_bits(seeds, positions, vocab_size), 11).double() + 0.5) * 2.0**-53
-    return -torch.log(-torch.log(uniforms))
+    """G = -log(-log(u)), u strictly inside (0, 1) from the position's bits (uniform_from_bits): finite, one fused
+    expression."""
+    return -torch.log(-torch.log(uniform_from_bits(noise_bits(seeds, positions, vocab_size))))
 
 
 @dataclass(frozen=True)
@@ -86,8 +93,9 @@ def row_noise(seeds: list[int], starts: list[int], count: int, vocab_size: int, 
 
 
 def coupled_scores(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:  # [..., V] each -> [..., V] float64
-    """log p + G: -inf where p = 0, so a filtered token is never chosen."""
-    return probs.double().log() + noise
+    """log p + G, and -inf wherever p = 0 whatever the noise, so a filtered token is never chosen (-inf + inf would
+    be NaN, which argmax picks)."""
+    return torch.where(probs > 0, probs.double().log() + noise, -torch.inf)
 
 
 def coupled_choice(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:  # [..., V] each -> [...] int64

@@ -19,6 +19,7 @@ from specdemo.core.coupled import (
     gumbel_noise,
     match_probability,
     noise_bits,
+    uniform_from_bits,
     verify_coupled,
 )
 from specdemo.core.verify import verify_rows
@@ -74,6 +75,27 @@ def test_the_noise_is_standard_gumbel():
     uniforms = torch.exp(-torch.exp(-noise))
     quartiles = torch.quantile(uniforms[:100_000], torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
     assert torch.allclose(quartiles, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64), atol=0.005)
+
+
+def test_the_uniform_is_strictly_inside_0_and_1_at_the_extreme_bit_patterns():
+    """All zeros, all ones and the patterns around 2^52 and 2^53 in the top bits give u in [2^-53, 1 - 2^-53] and a
+    finite G (planted: the 53-bit (x + 0.5) * 2^-53 gives u = 1.0 for all ones, G = +inf)."""
+    top = [0, 1, 2**51, 2**52 - 1]  # top-52-bit values
+    patterns = [x << 12 for x in top] + [(x << 12) | (2**12 - 1) for x in top] + [MASK, MASK - 2**11]  # uint64
+    signed = [v - 2**64 if v >= 2**63 else v for v in patterns]  # the same bits as int64
+    uniforms = uniform_from_bits(torch.tensor(signed, dtype=torch.int64))
+    assert float(uniforms.min()) == 2.0**-53 and float(uniforms.max()) == 1.0 - 2.0**-53, uniforms.tolist()
+    assert bool(torch.isfinite(-torch.log(-torch.log(uniforms))).all())
+
+
+def test_the_noise_that_was_infinite_is_finite():
+    """Row noise seed 5656014980887990 at position 91, id 25: its bits are all ones in the top 53, which the 53-bit
+    uniform rounded to 1.0 (G = +inf, and log p + G = NaN where p = 0, which argmax picked)."""
+    noise = gumbel_noise(torch.tensor([5656014980887990]), torch.tensor([[91]]), 49)[0, 0]  # [V]
+    assert bool(torch.isfinite(noise).all()), noise[25]
+    probs = torch.zeros(49, dtype=torch.float64)
+    probs[10] = 1.0  # top-k 1: only id 10 is possible
+    assert int(coupled_choice(probs, noise)) == 10
 
 
 def walk_reference(ids, lengths, target_probs, noise) -> tuple[int, int, int, list[int]]:

@@ -165,3 +165,20 @@ def test_coupled_text_on_the_offline_model(offline, kind):
         pytest.skip("in float32 here; every kind in bfloat16: python -m benchmarks.coupled identity --dtype bfloat16")
     spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=3, max_new_tokens=12)
     assert texts(loaded.model, build_drafter(kind, loaded), prompts, OFFLINE_ROWS, spec, 4) == alone
+
+
+def test_a_row_whose_noise_was_infinite_emits_the_only_token_top_k_allows(tiny_target):
+    """Row noise seed 5656014980887990 has its largest noise at position 91, id 25 (infinite under the 53-bit
+    uniform): a 91-token prompt under top-k 1 must still emit the target's argmax, the one token with p > 0 (planted:
+    the 53-bit uniform without the p = 0 guard in coupled_scores emits id 25)."""
+    prompt = [(7 * i + 3) % 32 for i in range(91)]
+    argmax = int(tiny_target(torch.tensor([prompt])).logits[0, -1].argmax())
+    assert argmax != 25, "the prompt must make another token the argmax"
+    decoder = BatchDecoder(tiny_target, NoDrafter(), frozenset())
+    decoder.add(
+        0, prompt, SamplingConfig(temperature=1.0, top_k=1, rule="coupled"), SpeculativeConfig(max_new_tokens=1)
+    )
+    decoder.rows[0].seed = 5656014980887990  # the row's noise seed, as drawn from its generator
+    [(_, outcome)] = decoder.step()
+    assert not isinstance(outcome, Exception), outcome
+    assert outcome.emitted_token_ids == [argmax]
