@@ -181,14 +181,14 @@ def _coupled_texts(
     while (active := (lengths < length).nonzero().squeeze(1)).numel():
         starts = lengths[active]  # [n]
         drafter_noise = gumbel_noise(seeds[active], starts[:, None] + torch.arange(k, device=device), vocab_size)
-        firsts = coupled_top(draft, drafter_noise[:, 0], width)  # [n, W]
+        firsts, live = coupled_top(draft, drafter_noise[:, 0], width)  # [n, W] each: q may allow fewer than W
         rest = coupled_choice(draft, drafter_noise[:, 1:])  # [n, K-1]
         ids = torch.cat([firsts[..., None], rest[:, None].expand(-1, width, -1)], dim=2)  # [n, W, K]
         noise = batch_noise(bug, seeds[active], starts, k + 1, rounds[active], ids[:, 0], vocab_size)  # [n, K+1, V]
         n = len(active)
         verdict = verify_coupled(
             ids,
-            torch.full((n, width), k, device=device),
+            torch.where(live, k, 0),  # a first token with q = 0 is not drafted
             draft.expand(n, width, k, -1),
             target.expand(n, width, k + 1, -1),
             noise,

@@ -103,10 +103,16 @@ def coupled_choice(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:  #
     return coupled_scores(probs, noise).argmax(dim=-1)
 
 
-def coupled_top(probs: torch.Tensor, noise: torch.Tensor, width: int) -> torch.Tensor:  # [..., V] -> [..., W]
+def coupled_top(
+    probs: torch.Tensor,  # [..., V]
+    noise: torch.Tensor,  # [..., V]
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [..., W] int64 ids, [..., W] bool: the id has p > 0
     """The W largest log p + G, best first: the first is coupled_choice, and the W are a sample without replacement
-    from p (Gumbel-top-k), a drafter's W distinct first tokens."""
-    return coupled_scores(probs, noise).topk(width, dim=-1).indices
+    from p (Gumbel-top-k), a drafter's W distinct first tokens. Where p allows fewer than W tokens (top-k < W, a
+    small vocabulary), the ids past them are ties at -inf, any id at all: `live` marks the ones to draft."""
+    scores, ids = coupled_scores(probs, noise).topk(width, dim=-1)
+    return ids, scores > -torch.inf
 
 
 # --- the rule --------------------------------------------------------------------------------------------------------

@@ -137,13 +137,14 @@ class RecurrentHead(nn.Module):
         noise: torch.Tensor,  # [R, K, S] float64: the coupled rule's G at each drafted position, on the sub-vocabulary
         temperatures: torch.Tensor,  # [R]
         width: int,  # W <= S
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [R, W, K] target ids, [R, W, K, S] q
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [R, W, K] target ids, [R, W, K, S] q, [R, W] live
         """The coupled rule's W drafts: the W best first tokens of log q + G (distinct), then each beam's argmax of
-        log q + G at its next positions, the noise the target's own choices use."""
+        log q + G at its next positions, the noise the target's own choices use. A beam whose first token has q = 0
+        (q allows fewer than W) is not live: it is returned, to keep the shape, and not drafted."""
         llm_states = self.read(llm_states)
         rnn_state, logits = self.rnn_drafter(llm_states, torch.zeros_like(llm_states), llm_tokens)
         q = (logits.float() / temperatures[:, None]).softmax(dim=-1)  # [R, S]
-        chosen = coupled_top(q, noise[:, 0], width)  # [R, W] sub-vocabulary indices
+        chosen, live = coupled_top(q, noise[:, 0], width)  # [R, W] sub-vocabulary indices, [R, W] q > 0
         sequences, probs = [chosen], [q[:, None].expand(-1, width, -1)]
         rnn_state = rnn_state[:, None].expand(-1, width, -1)  # [R, W, H]
         states = llm_states[:, None].expand(-1, width, -1)
@@ -152,7 +153,7 @@ class RecurrentHead(nn.Module):
             q = (logits.float() / temperatures[:, None, None]).softmax(dim=-1)  # [R, W, S]
             sequences.append(coupled_choice(q, noise[:, step, None]))
             probs.append(q)
-        return self.vocabulary[torch.stack(sequences, dim=2)], torch.stack(probs, dim=2)
+        return self.vocabulary[torch.stack(sequences, dim=2)], torch.stack(probs, dim=2), live
 
     def beam_search(
         self,

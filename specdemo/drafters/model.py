@@ -68,7 +68,10 @@ class ModelDrafter:
             )
             for row, i in enumerate(drafting):  # the coupled rule's rows draw with the noise instead
                 if requests[i].sampling.is_coupled and not samplings[i].is_greedy:
-                    tokens[row, : len(beams[i])] = _coupled_tokens(requests[i], step, step_probs[row])
+                    chosen = _coupled_tokens(requests[i], step, step_probs[row])  # [W'] W' <= W: ids with q > 0
+                    del beams[i][len(chosen) :]  # fewer beams where q allows fewer first tokens
+                    step_probs[row] = step_probs[row][: len(chosen)]
+                    tokens[row, : len(chosen)] = chosen
             for row, i in enumerate(drafting):
                 for w, beam in enumerate(beams[i]):
                     beam.append(int(tokens[row, w]))
@@ -84,11 +87,13 @@ class ModelDrafter:
         ]
 
 
-def _coupled_tokens(request: DraftRequest, step: int, probs: torch.Tensor) -> torch.Tensor:  # probs [W, V] -> [W]
-    """A coupled row's beams at a step: the W best of log q + G at the first (W distinct tokens, the first the
-    target's own choice where q is p), then each beam's argmax of log q + G, G the noise of the token's position."""
+def _coupled_tokens(request: DraftRequest, step: int, probs: torch.Tensor) -> torch.Tensor:  # probs [W, V] -> [W']
+    """A coupled row's beams at a step: the W best of log q + G at the first (W distinct tokens with q > 0, fewer
+    where q allows fewer; the first the target's own choice where q is p), then each beam's argmax of log q + G, G the
+    noise of the token's position."""
     position = len(request.sequence_ids) + step
     noise = row_noise([request.seed], [position], 1, probs.shape[-1], probs.device)[0, 0]  # [V]
     if step == 0:
-        return coupled_top(probs[0], noise, probs.shape[0])
+        ids, live = coupled_top(probs[0], noise, probs.shape[0])  # [W] each; the live ones come first
+        return ids[live]
     return coupled_choice(probs, noise)

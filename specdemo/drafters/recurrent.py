@@ -117,12 +117,13 @@ class RecurrentDrafter:
         if way == "coupled":
             starts = [len(r.sequence_ids) for r in requests]
             noise = row_noise([r.seed for r in requests], starts, depth, self.vocab_size, states.device)  # [R, K, V]
-            ids, probs = self.head.coupled_beams(
+            ids, probs, live = self.head.coupled_beams(
                 states, tokens, noise[..., self.head.vocabulary], temperatures, min(width, len(self.head.vocabulary))
             )
             full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)  # [R, W, K, V]
             full[..., self.head.vocabulary] = probs
-            return [Draft(row, row_probs) for row, row_probs in zip(ids.tolist(), full, strict=True)]
+            counts = live.sum(dim=1).tolist()  # [R] live beams come first: q allows fewer than W where top-k < W
+            return [Draft(row[:n], row_probs[:n]) for row, row_probs, n in zip(ids.tolist(), full, counts, strict=True)]
         uniforms = torch.stack(  # [R, W, K]: each row's own generator, W*K draws a round
             [uniforms_from(r.generator, (width, depth), states.device) for r in requests]
         )

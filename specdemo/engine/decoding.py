@@ -236,6 +236,17 @@ class OutOfDeviceMemory(ValueError):
         )
 
 
+class DrafterFailed(ValueError):
+    """A drafter failed on one row: one sentence naming the failure, and the row's run ends there."""
+
+    def __init__(self, drafter: Drafter, error: Exception) -> None:
+        super().__init__(
+            f"The {type(drafter).__name__} failed on this prompt ({type(error).__name__}: {error}), so its run stops "
+            "with the tokens decoded so far while other runs go on: try another drafter or other settings, and report "
+            "it with these settings if it happens again."
+        )
+
+
 class BatchDecoder:
     """Decodes a batch of rows with one drafter and one target pass per round for all of them.
 
@@ -284,8 +295,8 @@ class BatchDecoder:
     def step(self) -> list[tuple[Hashable, Round | Exception]]:
         """One round for every row: draft, one target pass, the multi-candidate rule; finished rows leave.
 
-        A row whose own settings fail (its probabilities, its trace) leaves with its exception as its outcome and
-        the other rows go on; a failure of a shared pass (the drafter's, the target's) is raised, for every row. When
+        A row whose own settings fail (its probabilities, its trace) or whose draft fails leaves with its exception
+        as its outcome and the other rows go on; a failure of the target's shared pass is raised, for every row. When
         the device runs out of memory, the rows that joined this round leave with a sentence and the others go on
         (out_of_memory)."""
         try:
@@ -326,13 +337,17 @@ class BatchDecoder:
         started = time.perf_counter()
         keys, rows = list(self.rows), list(self.rows.values())
         requests = [row.draft_request(key) for key, row in zip(keys, rows, strict=True)]
-        asking = [r for r in requests if r.num_draft_tokens > 0]
-        proposed = dict(zip((r.key for r in asking), self.drafter.propose(asking) if asking else [], strict=True))
+        proposed, failed = self._propose([r for r in requests if r.num_draft_tokens > 0])
+        for key in failed:
+            self.remove(key)
+        keys, rows = list(self.rows), list(self.rows.values())  # the rows whose drafts did not fail
+        if not rows:
+            return list(failed.items())
         drafts = [_cut_at_eos(proposed.get(key, Draft([], None)), self.eos_token_ids) for key in keys]
         drafts, cuts = self._cut_for_sharing(rows, drafts)
         drafted = time.perf_counter()
         if self._on_device(rows, drafts):
-            return self._decided(keys, rows, drafts, cuts, drafted - started)
+            return self._decided(keys, rows, drafts, cuts, drafted - started) + list(failed.items())
         forward_before = self.verifier.forward_seconds
         target_logits = self.verifier.logits(
             {
@@ -341,7 +356,6 @@ class BatchDecoder:
             }
         )  # per row [W, K+1, V]
         verified = time.perf_counter()
-        failed: dict[Hashable, Exception] = {}
         inputs = []
         compact = all(row.sampling.is_greedy for row in rows)  # rows share the rule's vocabulary: V' or all V
         for key, row, draft, logits in zip(keys, rows, drafts, target_logits, strict=True):
@@ -377,6 +391,32 @@ class BatchDecoder:
             (key, replace(outcome, other_seconds=other_seconds) if isinstance(outcome, Round) else outcome)
             for key, outcome in outcomes
         ] + list(failed.items())
+
+    def _propose(self, requests: list[DraftRequest]) -> tuple[dict[Hashable, Draft], dict[Hashable, Exception]]:
+        """Every asking row's draft from one call; if it fails, each row's alone, its generator put back and its
+        drafter state forgotten first, so a row's failure stays in that row and the others draft what they would
+        have (a device out of memory is everyone's, and raised)."""
+        if not requests:
+            return {}, {}
+        states = [r.generator.get_state() for r in requests]  # the draws a failed call may have taken
+        try:
+            return dict(zip((r.key for r in requests), self.drafter.propose(requests), strict=True)), {}
+        except torch.OutOfMemoryError:
+            raise
+        except Exception:  # whose it was is found below, row by row
+            pass
+        drafts: dict[Hashable, Draft] = {}
+        failed: dict[Hashable, Exception] = {}
+        for request, state in zip(requests, states, strict=True):
+            request.generator.set_state(state)
+            self.drafter.forget(request.key)
+            try:
+                [drafts[request.key]] = self.drafter.propose([request])
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as error:
+                failed[request.key] = DrafterFailed(self.drafter, error)
+        return drafts, failed
 
     def _on_device(self, rows: list[_Row], drafts: list[Draft]) -> bool:
         """Rounds decided whole on the device (FixedShapeModel.decide): fixed-shape passes, the engine's own rule, and

@@ -147,8 +147,18 @@ def test_with_nothing_drafted_it_is_gumbel_max_and_the_top_w_start_with_it():
     empty = torch.zeros(40, 1, 0, dtype=torch.long)
     verdict = verify_coupled(empty, torch.zeros(40, 1, dtype=torch.long), probs[:, :, :0], probs, noise)
     assert torch.equal(verdict.next_token_ids, (probs[:, 0, 0].log() + noise[:, 0]).argmax(-1))
-    top = coupled_top(probs[:, 0, 0], noise[:, 0], 3)
+    top, live = coupled_top(probs[:, 0, 0], noise[:, 0], 3)
     assert torch.equal(top[:, 0], verdict.next_token_ids) and bool((top[:, 0] != top[:, 1]).all())
+    assert bool(live.all())  # p > 0 everywhere: all three are live
+
+
+def test_the_top_w_are_live_only_where_p_allows_them():
+    """Top-k 2 of 9 at W = 4: two live ids with p > 0, first; the other two are ties at -inf (any id), not live."""
+    probs = torch.tensor([[0.0, 0.6, 0.0, 0.0, 0.4, 0.0, 0.0, 0.0, 0.0]]).expand(50, -1)  # [50, V]
+    noise = gumbel_noise(torch.arange(50), torch.zeros(50, 1, dtype=torch.long), 9)[:, 0]  # [50, V]
+    top, live = coupled_top(probs, noise, 4)
+    assert live.tolist() == [[True, True, False, False]] * 50
+    assert sorted(top[0, :2].tolist()) == [1, 4] and bool((probs.gather(1, top[:, :2]) > 0).all())
 
 
 def test_for_one_hot_p_it_decides_what_the_greedy_rule_decides():

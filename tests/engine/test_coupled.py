@@ -17,12 +17,12 @@ import torch
 from specdemo.audit.bugs import noise_for
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.coupled import Noise, position_noise
-from specdemo.drafters import Drafter, NoDrafter
-from specdemo.engine.decoding import BatchDecoder
+from specdemo.drafters import Drafter, ModelDrafter, NoDrafter
+from specdemo.engine.decoding import BatchDecoder, DrafterFailed
 from specdemo.engine.drafting import build_drafter
 from specdemo.models import passes
 from specdemo.models.loading import OFFLINE_DEFAULT, load_model, native_bfloat16
-from tests.helpers import tiny_drafter
+from tests.helpers import TINY_VOCAB, tiny_drafter, tiny_model
 
 KINDS = ("ngram", "suffix", "model", "recurrent", "hybrid")
 SETTINGS = [(0.7, 1.0), (0.7, 0.9), (1.0, 1.0), (1.0, 0.9)]  # temperature, top-p
@@ -182,3 +182,74 @@ def test_a_row_whose_noise_was_infinite_emits_the_only_token_top_k_allows(tiny_t
     [(_, outcome)] = decoder.step()
     assert not isinstance(outcome, Exception), outcome
     assert outcome.emitted_token_ids == [argmax]
+
+
+@pytest.mark.parametrize("draft_vocab", [TINY_VOCAB - 8, TINY_VOCAB + 8], ids=["smaller", "larger"])
+def test_a_coupled_draft_model_drafts_only_ids_q_allows_whatever_its_vocabulary(tiny_target, draft_vocab):
+    """Top-k 5 at W = 8 with a draft vocabulary smaller or larger than the target's: the first tokens are the live
+    ones of Gumbel-top-W (q > 0, so inside both vocabularies), at most 5 candidates, and every row, coupled or
+    standard, writes what it writes alone; the coupled ones the target's own text (planted: filling the W with the
+    ties at -inf drafts ids past the smaller draft's embedding, and those rows fail)."""
+    draft = tiny_model(2, vocab_size=draft_vocab, num_layers=1)
+    spec = SpeculativeConfig(num_draft_tokens=3, num_candidates=8, max_new_tokens=16)
+    rows = [SamplingConfig(temperature=1.0, top_k=5, rule="coupled", seed=seed) for seed in range(12)]
+    rows += [replace(rows[0], rule="standard", seed=seed) for seed in range(4)]  # a mixed batch
+    prompts = [TINY_PROMPTS[i % 2] for i in range(len(rows))]
+    alone = texts(tiny_target, NoDrafter(), prompts, rows, spec, len(rows))
+    drafter = ModelDrafter(draft, None, TINY_VOCAB)
+    decoder = BatchDecoder(tiny_target, drafter, frozenset())
+    got: dict[Hashable, list[int]] = {i: [] for i in range(len(rows))}
+    for i, row in enumerate(rows):
+        decoder.add(i, prompts[i], row, spec)
+    while decoder.rows:
+        for key, outcome in decoder.step():
+            assert not isinstance(outcome, Exception), f"row {key}: {outcome}"
+            got[key].extend(outcome.emitted_token_ids)
+            for candidate in outcome.candidates:
+                assert all(token < min(draft_vocab, TINY_VOCAB) for token in candidate.token_ids), candidate
+                assert all(q > 0 for q in candidate.draft_probs), candidate
+            assert len(outcome.candidates) <= 5 or not rows[key].is_coupled  # standard rows draw W i.i.d. beams
+    coupled = range(12)
+    assert [got[i] for i in coupled] == [alone[i] for i in coupled]
+    standard = texts(tiny_target, ModelDrafter(draft, None, TINY_VOCAB), prompts[12:], rows[12:], spec, 1)
+    assert [got[i] for i in range(12, 16)] == standard
+
+
+class FailingFor:
+    """A drafter that raises for one row's key, as a drafter with a bug would, and drafts as `inner` for the rest."""
+
+    def __init__(self, inner: Drafter, key: Hashable) -> None:
+        self.inner, self.key = inner, key
+
+    def propose(self, requests):
+        if any(r.key == self.key for r in requests):
+            raise IndexError("index 40 is out of bounds for dimension 0 with size 32")
+        return self.inner.propose(requests)
+
+    def forget(self, key: Hashable) -> None:
+        self.inner.forget(key)
+
+
+def test_a_drafter_failing_on_one_row_stops_that_row_with_a_sentence_and_the_others_go_on(tiny):
+    """Row 5's drafts raise: it leaves at its first round with one sentence naming the drafter and the error, and the
+    seven other rows, coupled and standard, write the texts they write alone (planted: the drafter's error raised
+    for the whole batch)."""
+    target, draft, head, _ = tiny
+    rows = samplings()
+    mixed = [row if i % 2 else replace(row, rule="standard") for i, row in enumerate(rows)]
+    spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=3, max_new_tokens=NEW_TOKENS)
+    one_by_one = texts(target, tiny_drafter("model", draft, head), TINY_PROMPTS, mixed, spec, 1)
+    decoder = BatchDecoder(target, FailingFor(tiny_drafter("model", draft, head), 5), frozenset())  # type: ignore[arg-type]
+    got: dict[Hashable, list[int]] = {i: [] for i in range(8)}
+    errors: dict[Hashable, Exception] = {}
+    for i, row in enumerate(mixed):
+        decoder.add(i, TINY_PROMPTS[i % 2], row, spec)
+    while decoder.rows:
+        for key, outcome in decoder.step():
+            if isinstance(outcome, Exception):
+                errors[key] = outcome
+            else:
+                got[key].extend(outcome.emitted_token_ids)
+    assert list(errors) == [5] and isinstance(errors[5], DrafterFailed) and got[5] == []
+    assert "FailingFor failed on this prompt (IndexError: index 40" in str(errors[5]), errors[5]
+    assert [got[i] for i in range(8) if i != 5] == [one_by_one[i] for i in range(8) if i != 5]
