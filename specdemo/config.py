@@ -229,6 +229,19 @@ class SpeculativeConfig:
         return replace(sampling, temperature=self.draft_temperature)
 
 
+def check_row_seeds(seed: int, num_rows: int, rows: str) -> None:
+    """Row k of a batch decodes with seed + k - 1, so a valid seed can still push the last rows past the limit: one
+    sentence naming the last row and the largest usable seed, before any model loads. `rows` names them ("the 3
+    prompts in 'prompts.jsonl'")."""
+    largest = run_settings(SamplingConfig)["seed"][1].high
+    last_seed = seed + num_rows - 1
+    if last_seed > largest:
+        raise ValueError(
+            f"Seed {seed} is too large for {rows}: row k decodes with seed + k - 1, so the last row (row {num_rows}) "
+            f"would need seed {last_seed}, past the largest seed {largest}; use seed {largest - num_rows + 1} or less."
+        )
+
+
 def check_batch_size(batch_size: int) -> None:
     check_int("batch-size", batch_size, 1, MAX_BATCH_SIZE)
 

@@ -13,7 +13,7 @@ from functools import partial
 from specdemo.app.views.render import ansi_text, token_spans
 from specdemo.bench.prompts import MAX_PROMPTS_FILE_LINES, read_prompts_file
 from specdemo.cli.settings import CliSettings, add_pair_flags, add_run_flags, read_settings
-from specdemo.config import MAX_BATCH_SIZE, check_batch_size, check_prompt, check_prompt_fits
+from specdemo.config import MAX_BATCH_SIZE, check_batch_size, check_prompt, check_prompt_fits, check_row_seeds
 from specdemo.core.rounds import Round
 from specdemo.core.stats import round_record, run_stats
 from specdemo.drafters.base import NoDrafter
@@ -47,6 +47,8 @@ def generate_command(args: argparse.Namespace, progress) -> int:
     if args.prompts_file:
         check_batch_size(args.batch_size)
         prompts_file = read_prompts_file(args.prompts_file)  # checked before any model loads
+        rows = f"the {len(prompts_file.prompts)} prompts in '{args.prompts_file}'"
+        check_row_seeds(settings.sampling.seed, len(prompts_file.prompts), rows)
         progress(f"Read {len(prompts_file.prompts)} prompts from {args.prompts_file} ({prompts_file.format}).")
         return generate_batch(args, settings, [prompt.text for prompt in prompts_file.prompts], progress)
     check_prompt(args.prompt)

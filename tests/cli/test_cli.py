@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from specdemo.cli.main import main
-from specdemo.config import check_prompt_fits
+from specdemo.config import SamplingConfig, check_prompt_fits, check_row_seeds, run_settings
 from specdemo.models.loading import native_bfloat16
 
 PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesday to Thursday."
+
+MAX_SEED = run_settings(SamplingConfig)["seed"][1].high  # 2**63 - 1
 
 
 @pytest.mark.parametrize(
@@ -229,6 +231,50 @@ def test_bad_prompts_files_and_batch_settings_exit_2_before_anything_runs(tmp_pa
     assert main(["generate", "--prompts-file", str(path), *arguments]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("error: ") and message in error[0]
+
+
+class StopBeforeLoading(Exception):
+    """Raised where the pair would load: the run got past every check."""
+
+
+def stop_at_load(monkeypatch, tmp_path) -> tuple[list, str]:
+    """A 3-row prompts file, and generate's pair loading replaced by a stop that records each call."""
+    import specdemo.cli.generate as cli
+
+    loads = []
+
+    def stop(*args, **kwargs):
+        loads.append(args)
+        raise StopBeforeLoading
+
+    monkeypatch.setattr(cli, "load_pair", stop)
+    path = tmp_path / "prompts.txt"
+    path.write_text("one\ntwo\nthree")
+    return loads, str(path)
+
+
+def test_a_seed_too_large_for_the_prompts_file_exits_2_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    """Row k decodes with seed + k - 1: at the largest seed a 3-row file's last row would overflow, so the command
+    refuses in one sentence naming that row and the largest --seed it could use, and loads nothing."""
+    loads, path = stop_at_load(monkeypatch, tmp_path)
+    assert main(["generate", "--prompts-file", path, "--seed", str(MAX_SEED)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: Seed {MAX_SEED} is too large for the 3 prompts in '{path}': row k decodes with seed + k - 1, so "
+        f"the last row (row 3) would need seed {MAX_SEED + 2}, past the largest seed {MAX_SEED}; use seed "
+        f"{MAX_SEED - 2} or less."
+    ]
+    assert loads == []
+
+
+def test_the_largest_usable_seed_for_a_prompts_file_reaches_the_model_load(tmp_path, monkeypatch):
+    """--seed limit - (n - 1) passes every check: the command goes on to load the pair (stopped there)."""
+    loads, path = stop_at_load(monkeypatch, tmp_path)
+    with pytest.raises(StopBeforeLoading):  # --debug: not a ValueError, so it propagates
+        main(["generate", "--prompts-file", path, "--seed", str(MAX_SEED - 2), "--debug"])
+    assert len(loads) == 1
+    check_row_seeds(MAX_SEED, 1, "one.txt")  # one row decodes with the seed itself
+    with pytest.raises(ValueError, match=f"use seed {MAX_SEED - 255} or less"):
+        check_row_seeds(MAX_SEED - 254, 256, "many.txt")
 
 
 def test_prompts_file_prints_one_json_object_per_prompt_equal_to_single_runs(offline_model, tmp_path, capsys):

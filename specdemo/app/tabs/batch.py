@@ -28,7 +28,7 @@ from specdemo.app.serving.runs import (
 from specdemo.app.serving.zerogpu import gpu_function
 from specdemo.app.views.plots import batch_sweep_figure, candidates_sweep_figure
 from specdemo.app.views.render import THEME_CSS, lanes_html
-from specdemo.config import check_prompt
+from specdemo.config import check_prompt, check_row_seeds
 from specdemo.core.rounds import Round
 from specdemo.core.stats import emitted_ids, run_stats
 from specdemo.engine.scheduler import MAX_BATCH_ROWS, DecodeRequest
@@ -93,7 +93,8 @@ def batch_steps(server: Server, *values: object, run_id: str) -> Iterator[tuple]
     with stop_signal(run_id) as stop:
         try:
             texts = batch_prompts(named.pop("prompts"))
-            parse_request(texts[0], named)  # every setting checked before any model loads
+            request = parse_request(texts[0], named)  # every setting checked before any model loads
+            check_row_seeds(request.sampling.seed, len(texts), f"the batch's {len(texts)} prompts")
             run = server.prepare(texts, named | {"compare": False}, progress, stop)
         except ValueError as error:
             raise user_error(str(error)) from error
