@@ -414,6 +414,10 @@ def test_bad_batches_get_one_sentence_and_the_app_keeps_serving(client):
         ({"prompts": ["ok"], "max_new_tokens": 9999}, "max new tokens must be between 1 and 512 here"),
         ({"prompts": ["ok", "word " * 4500]}, "Prompt 2: The prompt is"),
         ({"prompts": []}, "The batch is empty"),
+        (
+            {"prompts": ["a", "b", "c"], "seed": 2**63 - 1},
+            "too large for the batch's 3 prompts: row k decodes with seed + k - 1, so the last row (row 3)",
+        ),
     ]
     for inputs, message in cases:
         with pytest.raises(AppError) as caught:
