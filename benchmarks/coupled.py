@@ -5,12 +5,18 @@ offline drafter kind (prompt lookup, suffix, recurrent, hybrid, and the model dr
 1.5), K in {1, 4, 16}, W in {1, 3}, B in {1, 8}, eight rows (T 0.7 and 1.0, top-p 1 and 0.9, two seeds each)? Exits 1
 if any row differs.
 
+`long`: the same question over long texts, where bfloat16's rounding has room to show: eight rows of 96 tokens, one
+per prompt of a set (T 0.7 to 1.3, top-k 20 and 50, top-p 0.9 and 0.95), seven drafter setups (kind, K, W, B), each
+row against the target alone decoding it by itself. Prints each setup's identical rows and, for each row that
+differs, the first differing token. Reports; never fails (bfloat16 may differ, docs/how-it-works.md).
+
 `cost`: tokens per target pass under each rule, sampled (no greedy), for the suffix, draft-model (the model drafting
 for itself at 1.5), recurrent and hybrid pairs at T = 0.7 and 1.0: every prompt of the set with --seeds seeds, each
 rule's runs in one batch with no cut (each row's tokens are those it gets alone), the rules interleaved pair by pair.
 Prints per pair and T the two rules' tokens per pass, their ratio, and the spread of the ratio over the seeds.
 
     python -m benchmarks.coupled identity --dtype float32
+    python -m benchmarks.coupled long --prompts benchmarks/prompts/same-text-fresh.jsonl --dtype bfloat16
     python -m benchmarks.coupled cost --prompts benchmarks/prompts/coupled-fresh.jsonl --dtype float32
 """
 
@@ -90,6 +96,56 @@ def identity(loaded: LoadedModel, max_new_tokens: int) -> dict:
     return result
 
 
+LONG_ROWS = [  # temperature, top-k, top-p: plain, nucleus, top-k edges, hot rows; row i decodes prompt i
+    (0.7, 0, 1.0),
+    (0.7, 0, 0.9),
+    (1.0, 0, 1.0),
+    (1.0, 50, 1.0),
+    (1.3, 50, 1.0),
+    (1.0, 0, 0.95),
+    (1.3, 0, 0.9),
+    (1.0, 20, 0.9),
+]
+LONG_SETUPS = [  # drafter kind, K, W, B
+    ("ngram", 4, 1, 1),
+    ("suffix", 8, 1, 8),
+    ("suffix", 16, 3, 1),
+    ("self", 4, 3, 8),
+    ("self", 16, 1, 1),
+    ("recurrent", 4, 3, 8),
+    ("hybrid", 8, 3, 8),
+]
+
+
+def long(loaded: LoadedModel, prompts_file: str, max_new_tokens: int) -> dict:
+    """Eight rows, one per prompt of the set (chat template), each with its own sampling and seed, decoded by seven
+    drafter setups and by the target alone one row at a time: which rows write the target-alone text."""
+    prompts = [chat_prompt_ids(loaded, p.text)[0].tolist() for p in read_prompts_file(prompts_file).prompts]
+    rows = [
+        SamplingConfig(temperature=t, top_k=k, top_p=p, rule="coupled", seed=1001 + i)
+        for i, (t, k, p) in enumerate(LONG_ROWS)
+    ]
+    base = SpeculativeConfig(max_new_tokens=max_new_tokens)
+    alone, _ = decode(loaded, "none", prompts, rows, base, 1)
+    identical = compared = 0
+    for kind, num_draft, width, batch_size in LONG_SETUPS:
+        spec = replace(base, num_draft_tokens=num_draft, num_candidates=width)
+        got, _ = decode(loaded, kind, prompts, rows, spec, batch_size)
+        differ = {}
+        for i, (a, b) in enumerate(zip(got, alone, strict=True)):
+            if a != b:
+                first = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+                differ[i] = dict(token=first + 1, speculative=a[first : first + 1], alone=b[first : first + 1])
+        identical += len(rows) - len(differ)
+        compared += len(rows)
+        line = dict(kind=kind, K=num_draft, W=width, B=batch_size, rows=len(rows), identical=len(rows) - len(differ))
+        print(json.dumps(line | dict(differ=differ)), flush=True)
+    tokens = sum(map(len, alone))
+    result = {"rows_compared": compared, "rows_identical": identical, "tokens_alone": tokens, "passes": True}
+    print(json.dumps(result))
+    return result
+
+
 def cost(loaded: LoadedModel, prompts_file: str, seeds: int, max_new_tokens: int, num_draft: int) -> dict:
     prompts = [chat_prompt_ids(loaded, p.text)[0].tolist() for p in read_prompts_file(prompts_file).prompts]
     every = [p for p in prompts for _ in range(seeds)]
@@ -123,7 +179,7 @@ def cost(loaded: LoadedModel, prompts_file: str, seeds: int, max_new_tokens: int
 
 def main(argv: list[str] | None = None) -> dict:
     flags = parser(__doc__.split("\n\n")[0])
-    flags.add_argument("question", choices=["identity", "cost"])
+    flags.add_argument("question", choices=["identity", "long", "cost"])
     flags.add_argument("--prompts", default="benchmarks/prompts/coupled-fresh.jsonl")
     flags.add_argument("--seeds", type=int, default=3)
     flags.add_argument("--max-new-tokens", type=int, default=None, help="default: 16 (identity), 64 (cost)")
@@ -131,9 +187,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = flags.parse_args(argv)
     loaded = load(args)
     if args.max_new_tokens is None:
-        args.max_new_tokens = 16 if args.question == "identity" else 64
+        args.max_new_tokens = {"identity": 16, "long": 96}.get(args.question, 64)
     if args.question == "identity":
         return identity(loaded, args.max_new_tokens)
+    if args.question == "long":
+        return long(loaded, args.prompts, args.max_new_tokens)
     return cost(loaded, args.prompts, args.seeds, args.max_new_tokens, args.num_draft_tokens)
 
 
