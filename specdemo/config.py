@@ -158,7 +158,8 @@ class SamplingConfig:
         label="Acceptance rule",
         help="standard: accept a draft token with min(1, p/q), redraw from the residual (the text depends on the "
         "drafter); coupled: one noise per position decides both the target's token and the draft's, so a sampled run "
-        "writes target-only decoding's text for its seed, whatever drafts",
+        "writes target-only decoding's text for its seed, whatever drafts (in bfloat16, a near-tie or a token at the "
+        "top-k or top-p edge can round apart between pass shapes)",
     )
 
     def __post_init__(self) -> None:

@@ -128,7 +128,9 @@ def _option_rows() -> list[Field]:
 RULE_INFO = (  # one sentence on each choice, by the label the page shows it with
     f"{RULE_LABELS['standard'].capitalize()}: a draft token is accepted with min(1, p/q), exact in distribution; the "
     f"text depends on the drafter. {RULE_LABELS['coupled'].capitalize()}: one noise per position picks the target's "
-    "token and the draft's, so a sampled run writes the target's own text for its seed, whatever drafts."
+    "token and the draft's, so a sampled run writes the target's own text for its seed, whatever drafts (in "
+    "bfloat16 a near-tie or a token at the top-k or top-p edge can round apart between pass shapes: the summary then "
+    "says where and why)."
 )
 SECTIONS = {"model": None, "sampling": "Sampling", "speculation": "Speculation", "drafter": "Drafter options"}
 RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, so positional clients keep working

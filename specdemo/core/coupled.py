@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from specdemo.core.fixed_rule import GAMMA, MIX_1, MIX_2, shift_right_logical
-from specdemo.core.rounds import CoupledChoice
 from specdemo.core.verify import CandidateVerdict, first_rejection_index
 
 POSITION_SALT = 0x2545F4914F6CDD1D  # keeps a position's key apart from the id stream it seeds
@@ -167,71 +166,3 @@ def verify_coupled(
         next_token_probs=node.gather(1, next_ids[:, None]).squeeze(1).float(),
         choices=path_choice,
     )
-
-
-# --- theory ----------------------------------------------------------------------------------------------------------
-
-
-def match_probability(
-    target: torch.Tensor,  # [..., V] p
-    draft: torch.Tensor,  # [..., V] q
-    top: int = 64,
-    support: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [...] float64 each: a lower and an upper bound
-    """P(argmax(log p + G) = argmax(log q + G)) = sum_v 1 / sum_u max(p(u)/p(v), q(u)/q(v)) (the exponential race),
-    bounded cheaply: the outer sum runs over the `top` tokens by min(p, q) (each left-out term is at most min(p(v),
-    q(v))), the inner sum over the `support` tokens by p + q, the rest of it between max(p_rest/p(v), q_rest/q(v))
-    and p_rest/p(v) + q_rest/q(v). Equal to 1 - TV for a one-hot q, as for the standard rule."""
-    p, q = target.double(), draft.double()
-    p, q = p / p.sum(dim=-1, keepdim=True), q / q.sum(dim=-1, keepdim=True)
-    overlap = torch.minimum(p, q)  # [..., V]
-    chosen = overlap.topk(min(top, overlap.shape[-1]), dim=-1).indices  # [..., M]
-    kept = (p + q).topk(min(support, p.shape[-1]), dim=-1).indices  # [..., U]
-    p_u, q_u = p.gather(-1, kept), q.gather(-1, kept)  # [..., U]
-    p_rest = (1.0 - p_u.sum(dim=-1, keepdim=True)).clamp(min=0.0)  # [..., 1]
-    q_rest = (1.0 - q_u.sum(dim=-1, keepdim=True)).clamp(min=0.0)
-    p_v, q_v = p.gather(-1, chosen), q.gather(-1, chosen)  # [..., M]
-    both = (p_v > 0) & (q_v > 0)
-    p_v, q_v = torch.where(both, p_v, 1.0), torch.where(both, q_v, 1.0)  # no division by 0 where the term is 0
-    inner = torch.maximum(p_u[..., None, :] / p_v[..., None], q_u[..., None, :] / q_v[..., None]).sum(dim=-1)
-    rest_low = torch.maximum(p_rest / p_v, q_rest / q_v)  # [..., M]
-    rest_high = p_rest / p_v + q_rest / q_v
-    low = torch.where(both, 1.0 / (inner + rest_high), 0.0).sum(dim=-1)
-    high = torch.where(both, 1.0 / (inner + rest_low), 0.0).sum(dim=-1)
-    left_out = (overlap.sum(dim=-1) - overlap.gather(-1, chosen).sum(dim=-1)).clamp(min=0.0)
-    return low, (high + left_out).clamp(max=1.0)
-
-
-def path_choices(
-    target_probs: torch.Tensor,  # [K+1, V] p along the accepted path
-    draft_probs: torch.Tensor,  # [K, V] q of the path's candidate
-    noise: torch.Tensor,  # [K+1, V] float64 G at the round's positions
-    drafted: list[int],  # the path candidate's tokens
-    num_accepted: int,
-    choices: list[int],  # [K+1] y along the path (CandidateVerdict.choices)
-) -> tuple[CoupledChoice, ...]:
-    """The inspector's account of each tested position of the path: y and x with their log p + G and G, and at a
-    drafted position the chance of a match under each rule (theory beside the measurement)."""
-    positions = min(num_accepted + 1, len(drafted) + 1)
-    tested = min(positions, len(drafted))  # the drafted positions among them
-    p, q = target_probs[:tested].double(), draft_probs[:tested].double()  # [n, V]
-    overlap = torch.minimum(p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)).sum(-1).tolist()  # 1 - TV
-    low, high = (bound.tolist() for bound in match_probability(p, q))
-
-    def score(position: int, token: int) -> tuple[float, float]:
-        value = float(noise[position, token])
-        return float(target_probs[position, token].double().log()) + value, value
-
-    shown = []
-    for position in range(positions):
-        target_id = int(choices[position])
-        target_score, target_noise = score(position, target_id)
-        if position < len(drafted):
-            draft_id = drafted[position]
-            chances = (overlap[position], low[position], high[position])
-            shown.append(
-                CoupledChoice(target_id, target_score, target_noise, draft_id, *score(position, draft_id), *chances)
-            )
-        else:
-            shown.append(CoupledChoice(target_id, target_score, target_noise, None, None, None, None, None, None))
-    return tuple(shown)

@@ -34,12 +34,17 @@ class CoupledChoice:
     target_id: int  # y
     target_score: float  # log p(y) + G(y), the largest at this position
     target_noise: float  # G(y)
-    draft_id: int | None  # x; None at the bonus position, where nothing was drafted
+    draft_id: int | None  # x, the path's token (where the path ended and a longer candidate on it was tested there,
+    # that candidate's); None at the bonus position, where nothing was tested
     draft_score: float | None  # log p(x) + G(x): below the target's unless x is y
     draft_noise: float | None  # G(x)
-    standard_chance: float | None  # 1 - TV(p, q): the chance the standard rule accepts a token drafted from q here
-    coupled_chance: float | None  # the chance the coupled rule's draft matches y here, at least (core/coupled.py's
-    coupled_chance_high: float | None  # match_probability bounds; equal to 1 - TV for a deterministic draft)
+    standard_chance: float | None  # 1 - TV(p, q): the chance the standard rule accepts x's candidate, drafted from q
+    coupled_chance: float | None  # the chance that one of the num_alive candidates tested here matches y, at least
+    coupled_chance_high: (
+        float | None
+    )  # and at most (core/match_chance.py's node_chances; p(x) for one deterministic draft)
+    num_alive: int = 1  # candidates tested here (on the path so far, long enough): W at a sampling drafter's first
+    # position, 1 past it; x matches y exactly when one of them does (else the path would be longer)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ from transformers import LogitsProcessorList, PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.chain_round import read_chain, read_views
-from specdemo.core.coupled import Noise, NoiseAsk, path_choices, position_noise
+from specdemo.core.coupled import Noise, NoiseAsk, position_noise
 from specdemo.core.fixed_rule import DRAWS_PER_ROUND, row_round_uniforms, seed_from
 from specdemo.core.inspection import PositionView, path_views
+from specdemo.core.match_chance import path_choices
 from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, NextKind, Round
 from specdemo.core.rule_inputs import RuleInputs, pad_rows
@@ -560,10 +561,10 @@ class BatchDecoder:
         views = _views(row_inputs, candidates, path, accepted, next_id) if row.drafting else ()
         coupled = ()
         if row.drafting and row_inputs.noise is not None and verdict.choices is not None:
-            drafted = list(chosen.token_ids)
+            drafted = [list(c.token_ids) for c in candidates]
             choices = verdict.choices[b].tolist()
-            target, draft_probs = row_inputs.target_probs[path], row_inputs.draft_probs[path]
-            coupled = path_choices(target, draft_probs, row_inputs.noise, drafted, accepted, choices)
+            target, draft_probs = row_inputs.target_probs[path], row_inputs.draft_probs  # [K+1, V], [W, K, V]
+            coupled = path_choices(target, draft_probs, row_inputs.noise, drafted, path, accepted, choices)
         tested_at_end = bool(verdict.tested[b, :, accepted].any()) if accepted < verdict.tested.shape[2] else False
         next_token = None
         if has_next:

@@ -171,6 +171,15 @@ def test_the_coupled_rules_chances_are_the_means_over_tested_drafts_beside_the_s
     fixed = replace(missed, standard_chance=0.3, coupled_chance=0.3, coupled_chance_high=0.3)  # a one-hot q: p(x)
     line = chances_line(coupled_chances([replace(rounds[0], coupled=(fixed,))]))
     assert "token 30% of the time (the standard rule would accept 30%, 1 − TV; the two agree where" in line
+    three = replace(matched, coupled_chance=0.7, coupled_chance_high=0.72, num_alive=3)  # W = 3's first position
+    wide = coupled_chances([replace(rounds[0], coupled=(three, missed)), rounds[1]])
+    assert (wide.coupled_low, wide.coupled_high, wide.most_alive) == (0.5, 0.56, 3)
+    assert chances_line(wide) == (
+        "**Theory beside measurement**: from this run's own p and q at its 2 tested positions, the coupled rule "
+        "predicts that at least one of the candidates tested at a position (those still on the path, up to 3) matches "
+        "the target's token 50% to 56% of the time; measured: one matched at 1 of 2 positions (50%). The standard "
+        "rule would accept one candidate drafted from q 30% of the time (1 − TV, per candidate)."
+    )
 
 
 def test_a_client_that_sends_only_the_prompt_gets_a_full_run(client):
@@ -281,7 +290,7 @@ def test_a_greedy_difference_is_located_with_the_targets_top_two_there(offline_m
 def test_a_coupled_difference_is_located_with_the_targets_top_two_scores_there(offline_model):
     """The page draws the rule's noise as the engine does (the noise at each emitted token is the one the engine
     recorded), so at a differing token the best log p + G is the target alone's own token."""
-    from specdemo.app.views.summary import greedy_check
+    from specdemo.app.views.same_text import greedy_check
     from specdemo.core.coupled import NoiseAsk, position_noise
     from specdemo.models.fixed_shape import SEED_BITS
 

@@ -15,10 +15,8 @@ from specdemo.app.views.render import (
     round_spans,
     token_spans,
 )
+from specdemo.app.views.same_text import Divergence, first_difference, greedy_check
 from specdemo.app.views.summary import (
-    Divergence,
-    first_difference,
-    greedy_check,
     headline_html,
     sharing_note,
     summary_markdown,

@@ -201,6 +201,12 @@ def test_a_coupled_positions_candidates_are_listed_with_their_log_p_plus_g(tiny_
     assert listed and all("residual" not in title and "u = " not in title for title in titles)
     assert any("not the target's choice" in title for title in listed)
     assert any("the target's choice, accepted" in title for title in listed)
+    firsts = [replay["views"][0] for replay in record["rounds"] if replay["views"][0]["step"] == "test"]
+    assert firsts and {view["coupled"]["num_alive"] for view in firsts} == {3}  # the three beams' first tokens
+    said = "That one of the 3 candidates tested here would match had chance "
+    assert all(said in view_title(view, 1, 0) for view in firsts)
+    older = {**firsts[0], "coupled": {k: v for k, v in firsts[0]["coupled"].items() if k != "num_alive"}}
+    assert ". A match here had chance " in view_title(older, 1, 0)  # a record from before num_alive: one candidate
 
 
 def test_a_record_written_before_the_coupled_rule_still_replays(run):

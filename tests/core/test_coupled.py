@@ -17,11 +17,11 @@ from specdemo.core.coupled import (
     coupled_choice,
     coupled_top,
     gumbel_noise,
-    match_probability,
     noise_bits,
     uniform_from_bits,
     verify_coupled,
 )
+from specdemo.core.match_chance import match_probability, path_choices, top_match_probability
 from specdemo.core.verify import verify_rows
 
 MASK = 2**64 - 1
@@ -208,6 +208,145 @@ def test_the_predicted_match_chance_brackets_the_exact_sum_and_the_measured_rate
         assert (1 - tv) / (1 + tv) - 1e-12 <= float(exact) <= 1 - tv + 1e-12
     one_hot = torch.nn.functional.one_hot(torch.tensor(3), vocab).double()
     assert float(match_probability(p, one_hot)[0]) == pytest.approx(float(p[3]), abs=1e-12)
+
+
+def pair(vocab: int, zeros: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random p and q on a toy vocabulary ([V] each, float64), each with its `zeros` smallest set to 0 (top-k)."""
+    p, q = (torch.softmax(2 * torch.randn(vocab, generator=generator, dtype=torch.float64), -1) for _ in range(2))
+    for probs in (p, q):
+        probs[probs.argsort()[:zeros]] = 0.0
+    return p / p.sum(), q / q.sum()
+
+
+def among_top_rate(p, q, width: int, fixed: list[int], offset: int, draws: int = 200_000) -> float:
+    """The share of `draws` seeds whose y = argmax(log p + G) is a fixed token or among the live W best of
+    log q + G: what W candidates drafted with the noise (coupled_top) would match."""
+    noise = gumbel_noise(torch.arange(draws) + offset, torch.zeros(draws, 1, dtype=torch.long), len(p))[:, 0]
+    y = coupled_choice(p.expand(draws, -1), noise)  # [N]
+    ids, live = coupled_top(q.expand(draws, -1), noise, width)  # [N, W] each
+    hit = ((ids == y[:, None]) & live).any(dim=1) | torch.isin(y, torch.tensor(fixed, dtype=torch.long))
+    return float(hit.double().mean())
+
+
+def exact(p, q, width: int, fixed: torch.Tensor | None = None) -> float:
+    """top_match_probability over the whole toy vocabulary: its bounds meet."""
+    low, high = top_match_probability(p, q, width, fixed, top=len(p), support=len(p))
+    assert float(high) - float(low) < 1e-9, (float(low), float(high))
+    return float(low)
+
+
+@pytest.mark.parametrize("width", [1, 3, 8])
+def test_the_chance_y_is_among_the_w_best_of_log_q_plus_g_is_the_rate_it_happens(width):
+    """y among the W best of log q + G (a sampling drafter's W first tokens) against 200,000 seeds' draws, on six
+    random pairs of 12 to 40 tokens, three of them with top-k zeros in p and q: within 4 standard errors."""
+    generator = torch.Generator().manual_seed(width)
+    for case, (vocab, zeros) in enumerate([(12, 0), (24, 0), (40, 0), (12, 4), (24, 9), (40, 25)]):
+        p, q = pair(vocab, zeros, generator)
+        predicted = exact(p, q, width)
+        measured = among_top_rate(p, q, width, [], offset=1_000_000 * case)
+        error = 4 * math.sqrt(predicted * (1 - predicted) / 200_000)
+        assert abs(measured - predicted) < error, (
+            f"V {vocab}, W {width}: predicted {predicted:.4f}, measured {measured:.4f}"
+        )
+
+
+def test_fixed_tokens_beside_the_w_best_count_whole():
+    """The hybrid's node: a copy's fixed tokens F beside the head's m best: p(F) + the chance y is among the m best
+    and not in F, against 200,000 draws; F alone (no sampled candidate's share) is less."""
+    generator = torch.Generator().manual_seed(7)
+    for case, (vocab, zeros, width) in enumerate([(16, 0, 1), (24, 6, 2), (32, 0, 3)]):
+        p, q = pair(vocab, zeros, generator)
+        fixed_ids = [int(p.argsort()[-2]), int(q.argsort()[-1])]  # p's second token, and q's first (also drafted)
+        fixed = torch.zeros(vocab, dtype=torch.bool)
+        fixed[fixed_ids] = True
+        predicted = exact(p, q, width, fixed)
+        measured = among_top_rate(p, q, width, fixed_ids, offset=7_000_000 + 1_000_000 * case)
+        assert abs(measured - predicted) < 4 * math.sqrt(predicted * (1 - predicted) / 200_000), (vocab, width)
+        assert float(p[fixed].sum()) < predicted < float(p[fixed].sum()) + exact(p, q, width)
+
+
+def top_match_reference(p, q, width: int) -> float:
+    """The race's integral the plain way: for each v the Poisson-binomial count of the u ahead by a loop over u, on
+    20,001 points of a geometric grid in t from 1e-12 to 60 (the trapezoid rule in log t)."""
+    logs = torch.linspace(math.log(1e-12), math.log(60.0), 20_001, dtype=torch.float64)
+    t = logs.exp()  # [T]
+    total = 0.0
+    for v in range(len(p)):
+        if p[v] == 0 or q[v] == 0:
+            continue
+        count = torch.zeros(len(t), width + 1, dtype=torch.float64)  # [T, m + 1] P(N = k), k < m, after each u
+        count[:, 1] = 1.0  # column 0 stays 0: the shift in the loop below
+        for u in range(len(p)):
+            ahead = -torch.expm1(-t * max(0.0, float(p[v] * q[u] / q[v] - p[u])))[:, None]  # [T, 1]
+            count[:, 1:] = count[:, 1:] * (1 - ahead) + count[:, :-1] * ahead
+        integrand = torch.exp(-t) * count[:, 1:].sum(dim=1) * t  # [T] dt = t d(log t)
+        total += float(p[v]) * (float(((integrand[1:] + integrand[:-1]) / 2).sum() * (logs[1] - logs[0])) + 1e-12)
+    return total
+
+
+def test_the_integral_over_t_is_within_1e_4_of_a_plain_fine_grid_and_w_1_is_match_probability():
+    """The quadrature (about 40 nodes) against 20,001 points and a loop over u, on peaked and flat pairs, W 1 to 4;
+    at W = 1 the integral is match_probability's closed sum (the exponential race's m = 1 case)."""
+    generator = torch.Generator().manual_seed(5)
+    for scale in (0.5, 2.0, 5.0, 8.0):
+        p, q = (torch.softmax(scale * torch.randn(16, generator=generator, dtype=torch.float64), -1) for _ in "pq")
+        for width in (1, 2, 4):
+            assert abs(exact(p, q, width) - top_match_reference(p, q, width)) < 1e-4, (scale, width)
+        assert exact(p, q, 1) == pytest.approx(float(match_probability(p, q)[0]), abs=1e-6)
+
+
+def test_the_bounds_hold_the_exact_chance_when_the_vocabulary_is_cut():
+    """Few outer tokens, a small support and few pieces for the rest (the page's cut of 49,152 ids), or no outer token
+    at all (the Poisson and inclusion bounds alone): the lower bound is at most and the upper at least the chance on
+    the whole vocabulary, with fixed tokens too; both are at most 1."""
+    generator = torch.Generator().manual_seed(11)
+    for vocab, zeros in [(40, 0), (40, 10), (64, 0)]:
+        p, q = pair(vocab, zeros, generator)
+        fixed = torch.zeros(vocab, dtype=torch.bool)
+        fixed[int(p.argmax())] = True
+        for width in (1, 3, 8):
+            for marked in (None, fixed):
+                whole = exact(p, q, width, marked)
+                for top, support, pieces in [(0, 4, 1), (2, 4, 1), (4, 8, 3), (8, 24, 128)]:
+                    low, high = top_match_probability(p, q, width, marked, top, support, pieces)
+                    assert float(low) - 1e-6 <= whole <= float(high) + 1e-6 <= 1 + 1e-6, (vocab, width, top, support)
+                assert float(high) - float(low) < 0.05  # the last cut's bounds are close: not vacuous
+
+
+def test_a_nodes_chance_counts_every_candidate_alive_there():
+    """path_choices: at the first position three candidates drafted from one q (its three best of log q + G) have the
+    top-3 chance and num_alive 3; past it the path's candidate is alone (match_probability's chance); one candidate
+    (W = 1) is match_probability's at every position; a one-hot q beside them is a fixed token."""
+    generator = torch.Generator().manual_seed(3)
+    vocab = 20
+    target = torch.softmax(2 * torch.randn(3, vocab, generator=generator, dtype=torch.float64), -1)  # [K+1, V]
+    draft = torch.softmax(2 * torch.randn(3, 2, vocab, generator=generator, dtype=torch.float64), -1)  # [W, K, V]
+    draft[:, 0] = draft[0, 0]  # the three beams' first tokens come from one q
+    noise = gumbel_noise(torch.tensor([4]), torch.arange(3)[None], vocab)[0]  # [K+1, V]
+    first = coupled_top(draft[0, 0], noise[0], 3)[0].tolist()
+    y = coupled_choice(target, noise).tolist()  # [K+1]
+    candidates = [[first[0], 1], [first[1], 2], [first[2], 3]]
+    path = first.index(y[0]) if y[0] in first else 0
+    shown = path_choices(target, draft, noise, candidates, path, int(y[0] in first), y)
+    assert shown[0].num_alive == 3 and shown[0].draft_id == candidates[path][0]
+    assert shown[0].coupled_chance - 1e-6 <= exact(target[0], draft[0, 0], 3) <= shown[0].coupled_chance_high + 1e-6
+    assert shown[0].standard_chance == pytest.approx(1 - 0.5 * float((target[0] - draft[path, 0]).abs().sum()))
+    if y[0] in first:
+        assert shown[1].num_alive == 1
+        assert shown[1].coupled_chance == pytest.approx(float(match_probability(target[1], draft[path, 1])[0]))
+    alone = path_choices(target, draft[:1], noise, candidates[:1], 0, 0, y)
+    assert alone[0].num_alive == 1 and alone[0].coupled_chance == float(match_probability(target[0], draft[0, 0])[0])
+    copy = torch.nn.functional.one_hot(torch.tensor([[7, 8]]), vocab).double()  # [1, K, V] a fixed candidate
+    mixed = path_choices(target, torch.cat([draft, copy]), noise, [*candidates, [7, 8]], path, 0, y)
+    fixed = torch.zeros(vocab, dtype=torch.bool)
+    fixed[7] = True
+    assert mixed[0].num_alive == 4 and mixed[0].draft_id == shown[0].draft_id
+    low, high = mixed[0].coupled_chance, mixed[0].coupled_chance_high
+    assert low - 1e-6 <= exact(target[0], draft[0, 0], 3, fixed) <= high + 1e-6 and low > shown[0].coupled_chance_high
+    copies = torch.nn.functional.one_hot(torch.tensor([[y[0], 0], [y[0], 5]]), vocab).double()  # [2, K, V]
+    ended = path_choices(target, copies, noise, [[y[0]], [y[0], 5]], 0, 1, y)  # the path (first of the longest) ends
+    assert (ended[1].draft_id, ended[1].num_alive) == (5, 1)  # and the longer copy was tested where it ended
+    assert ended[1].coupled_chance == ended[1].coupled_chance_high == pytest.approx(float(target[1, 5]))
 
 
 def test_a_seed_outside_the_range_gets_one_sentence_naming_it():

@@ -8,6 +8,7 @@ fixed-shape passes dry-run on the CPU."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
 
@@ -100,6 +101,30 @@ def test_seeds_matter_and_the_drafts_are_tested(tiny):
         rounds += [outcome for _, outcome in decoder.step()]
     assert sum(r.num_accepted for r in rounds) >= 4 and len(rounds) < NEW_TOKENS
     assert all(len(r.coupled) == r.num_accepted + 1 for r in rounds)
+
+
+def test_the_chance_recorded_at_a_rounds_first_position_is_the_share_that_matched(tiny):
+    """A coupled draft model at W = 3 drafts the three best first tokens of log q + G: over 32 rows' rounds, the mean
+    chance recorded at the first position (that one of the three is y) holds the share of rounds whose first position
+    matched within 4 standard errors (planted: one candidate's chance at W = 3 falls short); past it the path's
+    candidate is alone."""
+    target, draft, head, _ = tiny
+    spec = SpeculativeConfig(num_draft_tokens=2, num_candidates=3, max_new_tokens=NEW_TOKENS)
+    rounds = []
+    for start in range(0, 32, 8):
+        decoder = BatchDecoder(target, tiny_drafter("model", draft, head), frozenset())
+        for seed in range(start, start + 8):
+            decoder.add(seed, TINY_PROMPTS[seed % 2], SamplingConfig(temperature=1.0, rule="coupled", seed=seed), spec)
+        while decoder.rows:
+            rounds += [outcome for _, outcome in decoder.step()]
+    firsts = [r.coupled[0] for r in rounds if r.coupled[0].draft_id is not None]  # [rounds that drafted]
+    assert len(firsts) > 300 and {c.num_alive for c in firsts} == {3}
+    assert {c.num_alive for r in rounds for c in r.coupled[1:] if c.draft_id is not None} == {1}
+    measured = sum(c.draft_id == c.target_id for c in firsts) / len(firsts)
+    low = sum(c.coupled_chance for c in firsts) / len(firsts)
+    high = sum(c.coupled_chance_high for c in firsts) / len(firsts)
+    spread = math.sqrt(sum(c.coupled_chance * (1 - c.coupled_chance) for c in firsts)) / len(firsts)
+    assert low - 4 * spread <= measured <= high + 4 * spread, (low, high, measured, spread)
 
 
 @pytest.mark.parametrize("bug", ["noise by round", "noise from the draft"])

@@ -52,7 +52,8 @@ def _view_record(round_: Round, position: int, decode: Decode, context: list[int
         record["residual"], record["residual_rest"] = [], 0.0  # the next token is y, drawn from p by the noise
         record["coupled"] = asdict(choice) | {
             "target": token_text(decode, context, choice.target_id),
-            "draft": record["drafted"],
+            "draft": None if choice.draft_id is None else token_text(decode, context, choice.draft_id),  # where the
+            # path ended and a longer candidate was tested there, that candidate's token
             "target_index": view.token_ids.index(choice.target_id) if choice.target_id in view.token_ids else None,
         }
     return record
@@ -294,7 +295,14 @@ def _coupled_title(view: dict, round_number: int, where: str) -> str:
     low, high = choice["coupled_chance"], choice["coupled_chance_high"]
     chance = f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f} to {high:.2f}"
     standard = choice["standard_chance"]
-    title += f". A match here had chance {chance} (the standard rule would accept with 1 − TV = {standard:.2f})"
+    alive = choice.get("num_alive", 1)  # absent from records written before it: one candidate
+    if alive > 1:
+        title += (
+            f". That one of the {alive} candidates tested here would match had chance {chance} (the standard rule "
+            f"would accept one candidate with 1 − TV = {standard:.2f})"
+        )
+    else:
+        title += f". A match here had chance {chance} (the standard rule would accept with 1 − TV = {standard:.2f})"
     tests = view.get("tests") or []
     if len(tests) > 1 or (tests and tests[0]["candidate"] != 1):
         title += ". Tested here, in turn: " + "; ".join(_coupled_test(test) for test in tests)

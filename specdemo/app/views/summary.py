@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specdemo.app.views.same_text import Divergence, greedy_check
 from specdemo.core.rounds import CoupledChoice, Round
 from specdemo.core.stats import Comparison, RunStats
 
@@ -88,67 +89,16 @@ def explanation(spec: RunStats, c: Comparison, num_draft_tokens: int) -> list[st
     return lines
 
 
-NEAR_TIE_LOGIT_GAPS = {  # top-2 logit gaps that rounding can flip between pass shapes, by number format
-    "float32": 1e-2,  # float32 differences between pass shapes stay under 1e-3 in the tests (tests/conftest.py)
-    "bfloat16": 0.5,  # bfloat16 keeps 8 significant bits: logits between 16 and 32 move in steps of 0.125
-    "float16": 0.0625,  # float16 keeps 11 significant bits: logits between 16 and 32 move in steps of 1/64
-}
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where speculative and target-only tokens first differ (a greedy run, or a sampled run under the coupled rule),
-    and how close the target's top two were there."""
-
-    position: int  # the first differing generated token, counted from 1
-    speculative_text: str  # the token the speculative run emitted there
-    target_text: str  # the token the target alone emitted there
-    top2_logit_gap: float  # the target's best score minus its second best, in one pass over the shared prefix: its
-    # logits for a greedy run, log p + G (the coupled rule's noise G) for a coupled one
-    top2_probs: tuple[float, float]  # the same two as probabilities (p)
-    dtype: str  # the number format the target ran in
-    temperature: float = 0.0  # 0: greedy; else the coupled run's, which divides the logits' rounding in log p
-
-
-def first_difference(speculative_ids: Sequence[int], target_ids: Sequence[int]) -> int | None:
-    """The index of the first token where two runs differ; None where they agree as far as both go."""
-    return next((i for i, (a, b) in enumerate(zip(speculative_ids, target_ids, strict=False)) if a != b), None)
-
-
-def greedy_check(identical: bool, divergence: Divergence | None, coupled_seed: int | None = None) -> str:
-    """The identity check of a greedy run, or of a sampled run under the coupled rule (`coupled_seed`: its seed):
-    identical, or where the texts part and how near the target's top two were."""
-    check = "Greedy check" if coupled_seed is None else f"Same-text check (coupled rule, seed {coupled_seed})"
-    if identical:
-        return f"{check}: the two texts are **identical**, token for token."
-    flips = "an argmax" if coupled_seed is None else "the largest log p + G"
-    if divergence is None:
-        return f"{check}: the two texts **differ** (near-ties in the target's scores can flip {flips})."
-    d = divergence
-    scores = "logits" if coupled_seed is None else "scores log p + G"
-    where = (
-        f"{check}: the two texts **differ** from generated token {d.position} on ({d.speculative_text!r} "
-        f"speculative, {d.target_text!r} target alone), where the target's top two {scores} are "
-        f"{d.top2_logit_gap:.3g} apart ({d.top2_probs[0]:.1%} against {d.top2_probs[1]:.1%})"
-    )
-    rounding = NEAR_TIE_LOGIT_GAPS.get(d.dtype, 0.0) / (d.temperature or 1.0)  # log p moves as logits / temperature
-    if d.top2_logit_gap <= rounding:
-        return (
-            f"{where}: in {d.dtype}, a K+1-token verification pass and one-token steps round differently, and at "
-            f"such a near-tie that can flip {flips}."
-        )
-    return f"{where}: too wide a gap for rounding to flip, so this is worth reporting, with the trace."
-
-
 @dataclass(frozen=True)
 class CoupledChances:
     """The coupled rule's theory beside its measurement, over the tested drafted positions of a run's paths."""
 
     num_tested: int  # drafted positions the target's token was compared with
-    num_matched: int  # those whose draft was the target's token (accepted)
-    coupled_low: float  # the mean chance of a match the coupled rule predicts from each position's p and q, bounded
-    coupled_high: float
-    standard: float  # the mean chance the standard rule accepts a token drafted from q there: 1 - TV(p, q)
+    num_matched: int  # those where a candidate was the target's token (the path's, accepted)
+    coupled_low: float  # the mean chance the coupled rule predicts from each position's p and q that one of the
+    coupled_high: float  # candidates tested there matches, bounded
+    standard: float  # the mean chance the standard rule accepts one candidate drafted from q there: 1 - TV(p, q)
+    most_alive: int = 1  # the most candidates tested at one position; above 1 the chances are per position, not draft
 
 
 def coupled_chances(rounds: Sequence[Round]) -> CoupledChances | None:
@@ -161,16 +111,25 @@ def coupled_chances(rounds: Sequence[Round]) -> CoupledChances | None:
     chances = [(c.coupled_chance, c.coupled_chance_high, c.standard_chance) for c in tested]
     assert all(None not in row for row in chances), f"a drafted position without its chances: {chances}"
     low, high, standard = (sum(column) / len(tested) for column in zip(*chances, strict=True))  # type: ignore[arg-type]
-    matched = sum(c.draft_id == c.target_id for c in tested)
-    return CoupledChances(len(tested), matched, low, high, standard)
+    matched = sum(c.draft_id == c.target_id for c in tested)  # the path's token is y where any candidate's was
+    return CoupledChances(len(tested), matched, low, high, standard, max(c.num_alive for c in tested))
 
 
 def chances_line(chances: CoupledChances) -> str:
     """The match chance the coupled rule predicts from the run's own p and q, the standard rule's 1 − TV beside it,
-    and the share of drafts that matched."""
+    and the share of drafts that matched; with several candidates at a position, the chance and the share that one of
+    them matched."""
     c = chances
     low, high, standard = f"{c.coupled_low:.0%}", f"{c.coupled_high:.0%}", f"{c.standard:.0%}"
     predicted = low if low == high else f"{low} to {high}"  # one number where the bounds meet (a fixed draft)
+    if c.most_alive > 1:
+        return (
+            f"**Theory beside measurement**: from this run's own p and q at its {c.num_tested} tested positions, the "
+            f"coupled rule predicts that at least one of the candidates tested at a position (those still on the path, "
+            f"up to {c.most_alive}) matches the target's token {predicted} of the time; measured: one matched at "
+            f"{c.num_matched} of {c.num_tested} positions ({c.num_matched / c.num_tested:.0%}). The standard rule "
+            f"would accept one candidate drafted from q {standard} of the time (1 − TV, per candidate)."
+        )
     agree = "; the two agree where the drafter proposes fixed tokens" if predicted == standard else ""
     return (
         f"**Theory beside measurement**: from this run's own p and q at its {c.num_tested} tested drafts, the coupled "
