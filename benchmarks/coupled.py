@@ -8,7 +8,13 @@ if any row differs.
 `long`: the same question over long texts, where bfloat16's rounding has room to show: eight rows of 96 tokens, one
 per prompt of a set (T 0.7 to 1.3, top-k 20 and 50, top-p 0.9 and 0.95), seven drafter setups (kind, K, W, B), each
 row against the target alone decoding it by itself. Prints each setup's identical rows and, for each row that
-differs, the first differing token. Reports; never fails (bfloat16 may differ, docs/how-it-works.md).
+differs, the first differing token (with --explain, also the row decoded alone both ways and what the page says of
+it). Reports; never fails (bfloat16 may differ, docs/how-it-works.md).
+
+`chances`: the page's theory line against its measurement: the predicted chance that a tested position matches
+(one of the candidates alive there is the target's token) and the share that did, for the model drafting for itself
+and the recurrent head at W = 1 and 3, T = 1, K = --num-draft-tokens, over all tested positions and at each round's
+first.
 
 `cost`: tokens per target pass under each rule, sampled (no greedy), for the suffix, draft-model (the model drafting
 for itself at 1.5), recurrent and hybrid pairs at T = 0.7 and 1.0: every prompt of the set with --seeds seeds, each
@@ -17,6 +23,8 @@ Prints per pair and T the two rules' tokens per pass, their ratio, and the sprea
 
     python -m benchmarks.coupled identity --dtype float32
     python -m benchmarks.coupled long --prompts benchmarks/prompts/same-text-fresh.jsonl --dtype bfloat16
+    python -m benchmarks.coupled chances --prompts benchmarks/prompts/chances-fresh.jsonl --dtype float32 --seeds 4 \
+        --num-draft-tokens 4
     python -m benchmarks.coupled cost --prompts benchmarks/prompts/coupled-fresh.jsonl --dtype float32
 """
 
@@ -28,12 +36,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
+import torch
+
 from benchmarks.common import load, parser
 from specdemo import LoadedModel
 from specdemo.bench.prompts import read_prompts_file
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.stats import emitted_ids
 from specdemo.drafters import Drafter, ModelDrafter, NoDrafter
-from specdemo.engine.decoding import batch_generate
+from specdemo.engine.decoding import autoregressive_generate, batch_generate, speculative_generate
 from specdemo.engine.drafting import build_drafter
 from specdemo.models.loading import chat_prompt_ids
 
@@ -117,7 +128,24 @@ LONG_SETUPS = [  # drafter kind, K, W, B
 ]
 
 
-def long(loaded: LoadedModel, prompts_file: str, max_new_tokens: int) -> dict:
+def explain(loaded: LoadedModel, kind: str, prompt: list[int], row: SamplingConfig, spec: SpeculativeConfig) -> str:
+    """What the page says of one row decoded alone by `kind` and by the target alone: identical, or where and why the
+    texts part (app/serving/divergence.py, both runs' passes replayed)."""
+    from specdemo.app.serving.divergence import divergence_of  # the app's own explanation (imports Gradio)
+    from specdemo.app.views.same_text import greedy_check
+
+    if kind == "self":
+        spec = replace(spec, draft_temperature=SELF_DRAFT_TEMPERATURE)
+    prompt_ids, eos = torch.tensor([prompt]), loaded.eos_token_ids  # [1, T]
+    rounds = list(speculative_generate(loaded.model, drafter(kind, loaded), prompt_ids, row, spec, eos))
+    baseline = list(autoregressive_generate(loaded.model, prompt_ids, row, spec.max_new_tokens, eos))
+    decode = loaded.tokenizer.decode
+    found = divergence_of(loaded.model, prompt, rounds, baseline, row, decode, len(prompt) + spec.max_new_tokens)
+    identical = emitted_ids(rounds) == emitted_ids(baseline)
+    return greedy_check(identical, found, coupled_seed=row.seed)
+
+
+def long(loaded: LoadedModel, prompts_file: str, max_new_tokens: int, explain_rows: bool = False) -> dict:
     """Eight rows, one per prompt of the set (chat template), each with its own sampling and seed, decoded by seven
     drafter setups and by the target alone one row at a time: which rows write the target-alone text."""
     prompts = [chat_prompt_ids(loaded, p.text)[0].tolist() for p in read_prompts_file(prompts_file).prompts]
@@ -138,12 +166,54 @@ def long(loaded: LoadedModel, prompts_file: str, max_new_tokens: int) -> dict:
                 differ[i] = dict(token=first + 1, speculative=a[first : first + 1], alone=b[first : first + 1])
         identical += len(rows) - len(differ)
         compared += len(rows)
+        if explain_rows:  # each differing row again, alone, and what the page says of it
+            for i in differ:
+                differ[i]["page"] = explain(loaded, kind, prompts[i], rows[i], spec)
         line = dict(kind=kind, K=num_draft, W=width, B=batch_size, rows=len(rows), identical=len(rows) - len(differ))
         print(json.dumps(line | dict(differ=differ)), flush=True)
     tokens = sum(map(len, alone))
     result = {"rows_compared": compared, "rows_identical": identical, "tokens_alone": tokens, "passes": True}
     print(json.dumps(result))
     return result
+
+
+def chances(loaded: LoadedModel, prompts_file: str, seeds: int, max_new_tokens: int, num_draft: int) -> dict:
+    """The page's theory line beside its measurement: for the model drafting for itself and the recurrent head at
+    W = 1 and 3, T = 1, the mean predicted chance that a tested position matches (bounds) and the share that matched,
+    over all tested positions and at each round's first, with the standard error the prediction implies."""
+    from specdemo.app.views.summary import coupled_chances  # the page's own means
+
+    prompts = [chat_prompt_ids(loaded, p.text)[0].tolist() for p in read_prompts_file(prompts_file).prompts]
+    rows = [SamplingConfig(temperature=1.0, rule="coupled", seed=s) for s in range(seeds) for _ in prompts]
+    lines = []
+    for kind in ("self", "recurrent"):
+        for width in (1, 3):
+            spec = SpeculativeConfig(num_draft_tokens=num_draft, num_candidates=width, max_new_tokens=max_new_tokens)
+            spec = replace(spec, draft_temperature=SELF_DRAFT_TEMPERATURE) if kind == "self" else spec
+            every = [prompts[i % len(prompts)] for i in range(len(rows))]
+            decoded = batch_generate(loaded.model, drafter(kind, loaded), every, rows, spec, loaded.eos_token_ids, 8)
+            rounds = [r for _, r in decoded]
+            firsts = [r.coupled[0] for r in rounds if r.coupled and r.coupled[0].draft_id is not None]
+            line = dict(kind=kind, W=width, K=num_draft, rows=len(rows))
+            for name, tested in (
+                ("all", [c for r in rounds for c in r.coupled if c.draft_id is not None]),
+                ("first", firsts),
+            ):
+                low, high = (
+                    statistics.mean(getattr(c, f) for c in tested) for f in ("coupled_chance", "coupled_chance_high")
+                )
+                matched = statistics.mean(c.draft_id == c.target_id for c in tested)
+                error = sum(c.coupled_chance * (1 - c.coupled_chance) for c in tested) ** 0.5 / len(tested)
+                line[name] = dict(
+                    tested=len(tested),
+                    predicted=[round(low, 3), round(high, 3)],
+                    measured=round(matched, 3),
+                    standard_error=round(error, 3),
+                )
+            line["page"] = coupled_chances(rounds) is not None
+            print(json.dumps(line), flush=True)
+            lines.append(line)
+    return {"pairs": lines, "passes": True}
 
 
 def cost(loaded: LoadedModel, prompts_file: str, seeds: int, max_new_tokens: int, num_draft: int) -> dict:
@@ -179,11 +249,12 @@ def cost(loaded: LoadedModel, prompts_file: str, seeds: int, max_new_tokens: int
 
 def main(argv: list[str] | None = None) -> dict:
     flags = parser(__doc__.split("\n\n")[0])
-    flags.add_argument("question", choices=["identity", "long", "cost"])
+    flags.add_argument("question", choices=["identity", "long", "chances", "cost"])
     flags.add_argument("--prompts", default="benchmarks/prompts/coupled-fresh.jsonl")
     flags.add_argument("--seeds", type=int, default=3)
     flags.add_argument("--max-new-tokens", type=int, default=None, help="default: 16 (identity), 64 (cost)")
     flags.add_argument("--num-draft-tokens", type=int, default=8)
+    flags.add_argument("--explain", action="store_true", help="long: each differing row alone, and the page's words")
     args = flags.parse_args(argv)
     loaded = load(args)
     if args.max_new_tokens is None:
@@ -191,7 +262,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.question == "identity":
         return identity(loaded, args.max_new_tokens)
     if args.question == "long":
-        return long(loaded, args.prompts, args.max_new_tokens)
+        return long(loaded, args.prompts, args.max_new_tokens, args.explain)
+    if args.question == "chances":
+        return chances(loaded, args.prompts, args.seeds, args.max_new_tokens, args.num_draft_tokens)
     return cost(loaded, args.prompts, args.seeds, args.max_new_tokens, args.num_draft_tokens)
 
 
