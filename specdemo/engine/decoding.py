@@ -240,11 +240,11 @@ class OutOfDeviceMemory(ValueError):
 class DrafterFailed(ValueError):
     """A drafter failed on one row: one sentence naming the failure, and the row's run ends there."""
 
-    def __init__(self, drafter: Drafter, error: Exception) -> None:
+    def __init__(self, error: Exception) -> None:
         super().__init__(
-            f"The {type(drafter).__name__} failed on this prompt ({type(error).__name__}: {error}), so its run stops "
-            "with the tokens decoded so far while other runs go on: try another drafter or other settings, and report "
-            "it with these settings if it happens again."
+            "The drafter failed on this prompt, so its run stops with the tokens decoded so far while other runs go "
+            "on: try another drafter or other settings, and if it happens again report it with these settings and "
+            f"the drafter's error ({type(error).__name__}: {str(error)[:200]})."
         )
 
 
@@ -416,7 +416,7 @@ class BatchDecoder:
             except torch.OutOfMemoryError:
                 raise
             except Exception as error:
-                failed[request.key] = DrafterFailed(self.drafter, error)
+                failed[request.key] = DrafterFailed(error)
         return drafts, failed
 
     def _on_device(self, rows: list[_Row], drafts: list[Draft]) -> bool:

@@ -256,7 +256,7 @@ class FailingFor:
 
 
 def test_a_drafter_failing_on_one_row_stops_that_row_with_a_sentence_and_the_others_go_on(tiny):
-    """Row 5's drafts raise: it leaves at its first round with one sentence naming the drafter and the error, and the
+    """Row 5's drafts raise: it leaves at its first round with one sentence, the way forward and the error, and the
     seven other rows, coupled and standard, write the texts they write alone (planted: the drafter's error raised
     for the whole batch)."""
     target, draft, head, _ = tiny
@@ -276,5 +276,6 @@ def test_a_drafter_failing_on_one_row_stops_that_row_with_a_sentence_and_the_oth
             else:
                 got[key].extend(outcome.emitted_token_ids)
     assert list(errors) == [5] and isinstance(errors[5], DrafterFailed) and got[5] == []
-    assert "FailingFor failed on this prompt (IndexError: index 40" in str(errors[5]), errors[5]
+    assert str(errors[5]).startswith("The drafter failed on this prompt, so its run stops"), errors[5]
+    assert "the drafter's error (IndexError: index 40 is out of bounds" in str(errors[5]), errors[5]
     assert [got[i] for i in range(8) if i != 5] == [one_by_one[i] for i in range(8) if i != 5]
