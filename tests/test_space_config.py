@@ -4,6 +4,7 @@ the local set-up, and hold what ZeroGPU supports (docs/serving.md, Spaces and Ze
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -55,3 +56,14 @@ def test_the_space_preloads_the_zerogpu_pairs_models_files_and_no_gated_model():
     assert names <= set(preloaded), names - set(preloaded)
     assert all(PRELOADED_FILES <= files for files in preloaded.values())  # a file list, not the whole repository
     assert not [pair.key for pair in PAIRS_BY_KEY.values() if pair.gated and hub_id(pair.target) in preloaded]
+
+
+def test_every_tracked_file_over_a_megabyte_goes_through_lfs():
+    """The Hub refuses plain files over 1 MB on push: each must match a filter=lfs pattern of .gitattributes (planted:
+    the *.pt line removed leaves the shipped head uncovered)."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    large = [name.decode() for name in tracked if name and (ROOT / name.decode()).stat().st_size > 1_000_000]
+    assert large, "no tracked file over 1 MB: the check would be empty"
+    checked = subprocess.run(["git", "check-attr", "filter", "--", *large], cwd=ROOT, capture_output=True, check=True)
+    uncovered = [line for line in checked.stdout.decode().splitlines() if not line.endswith(": filter: lfs")]
+    assert uncovered == [], uncovered
