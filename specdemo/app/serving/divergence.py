@@ -84,18 +84,9 @@ def divergence_of(
     one_token, one_width = replayed_logits(model, prompt_ids, baseline, first, capacity, lock)  # [V]
     wide, wide_width = replayed_logits(model, prompt_ids, rounds, first, capacity, lock)  # [V]
     shapes = PassShapes(one_token, one_width, wide, wide_width)
-    logits = one_token[None, None]  # [1, 1, V]
-    if sampling.is_coupled:  # what the rule takes the argmax of, at the differing token's position
-        probs = logits_to_probs(logits, context_ids, sampling, build_warpers(sampling))[0, 0]  # [V]
-        seed, vocab_size = noise_seed(sampling, model.device), logits.shape[-1]
-        noise = position_noise(NoiseAsk(seed, len(context), 1, 0, (), vocab_size, logits.device))[0]  # [V]
-        scores = coupled_scores(probs, noise)  # [V]
-        top_ids = scores.topk(2).indices  # [2]
-        top_scores, top_probs = scores[top_ids], probs[top_ids]  # [2] each
-    else:
-        scores = penalised_scores(logits, context_ids, sampling)[0, 0]  # [V] what greedy takes the argmax of
-        top_scores = scores.topk(2).values  # [2]
-        top_probs = scores.softmax(dim=-1).topk(2).values  # [2]
+    scores, probs = argmax_scores(one_token, context, sampling)  # [V] each, as the target alone decided
+    top_ids = scores.topk(2).indices  # [2]
+    top_scores, top_probs = scores[top_ids], probs[top_ids]  # [2] each
     differing = (speculative_ids[first], target_ids[first])
     cutoffs = cutoff_names(sampling) if sampling.is_coupled else ""  # greedy runs take the argmax: no cut-off
     crossings = cutoff_crossings(shapes, context_ids, differing, sampling, decode) if cutoffs else ()
@@ -121,16 +112,25 @@ def differing_lead(
     token_ids: tuple[int, int],  # (the token this run emitted, the other run's)
     sampling: SamplingConfig,
 ) -> float:
-    """How far this run's token led the other run's in this run's pass, in what the run took the argmax of (logits
-    after the penalty for a greedy run; log p + G for a coupled one): > 0 where the pass chose as the run did."""
+    """How far this run's token led the other run's in this run's pass, in what the run took the argmax of: > 0 where
+    the pass chose as the run did."""
+    scores, _ = argmax_scores(logits, context, sampling)  # [V]
+    return float(scores[token_ids[0]] - scores[token_ids[1]])
+
+
+def argmax_scores(
+    logits: torch.Tensor,  # [V] the target's logits after the shared prefix
+    context: list[int],  # the shared prefix
+    sampling: SamplingConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [V] each: what the run takes the argmax of, and p
+    """A coupled run's log p + G (its noise G at this position), or a greedy run's logits after the penalty; with p."""
     context_ids = torch.tensor([context], device=logits.device)  # [1, T + first]
     if sampling.is_coupled:
         probs = logits_to_probs(logits[None, None], context_ids, sampling, build_warpers(sampling))[0, 0]  # [V]
-        noise_ask = NoiseAsk(noise_seed(sampling, logits.device), len(context), 1, 0, (), len(logits), logits.device)
-        scores = coupled_scores(probs, position_noise(noise_ask)[0])  # [V]
-    else:
-        scores = penalised_scores(logits[None, None], context_ids, sampling)[0, 0].double()  # [V]
-    return float(scores[token_ids[0]] - scores[token_ids[1]])
+        ask = NoiseAsk(noise_seed(sampling, logits.device), len(context), 1, 0, (), len(logits), logits.device)
+        return coupled_scores(probs, position_noise(ask)[0]), probs
+    scores = penalised_scores(logits[None, None], context_ids, sampling)[0, 0]  # [V]
+    return scores, scores.softmax(dim=-1)
 
 
 def replayed_logits(
