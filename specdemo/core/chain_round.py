@@ -24,15 +24,16 @@ from specdemo.core.fixed_rule import (
     seen_along,
 )
 from specdemo.core.inspection import TOP_ENTRIES, PositionView
-from specdemo.core.verify import residual_probs, select_positions, verify_chains
+from specdemo.core.verify import first_nonfinite, residual_probs, select_positions, verify_chains
 
 ENTRIES = 2 * TOP_ENTRIES + 2  # M
 VIEW_COLUMNS = 4 * ENTRIES + 3  # per position: M ids, p, q and residual at each, and the three totals
+HEAD_COLUMNS = 5  # accepted, next token, its p, the first column of non-finite target logits and of non-finite q
 
 
 def packed_columns(num_columns: int) -> int:
-    """Columns of a packed row for passes of n = num_columns: 3 + 4K for the rule, n positions of views."""
-    return 3 + 4 * (num_columns - 1) + num_columns * VIEW_COLUMNS
+    """Columns of a packed row for passes of n = num_columns: the head and 4K for the rule, n positions of views."""
+    return HEAD_COLUMNS + 4 * (num_columns - 1) + num_columns * VIEW_COLUMNS
 
 
 def decide_chains(
@@ -66,16 +67,22 @@ def decide_chains(
         draft_ids[:, None], lengths[:, None], draft_one_hot[:, None], target_probs[:, None], uniforms
     )
     accepted, next_ids = verdict.num_accepted, verdict.next_token_ids  # [R], [R]
+    verified = real[:, None] & (torch.arange(num_columns, device=ids.device) <= lengths[:, None])  # [R, n]
+    target_nonfinite = first_nonfinite(logits, verified)  # [R] n where none
+    draft_nonfinite = first_nonfinite(draft_one_hot, verified[:, 1:])  # [R] K where none (a one-hot q is finite)
+    target_nonfinite = torch.where(target_nonfinite < num_columns, target_nonfinite, -1)  # -1: none
+    draft_nonfinite = torch.where(draft_nonfinite < num_draft, draft_nonfinite, -1)
+    head = [accepted, next_ids, verdict.next_token_probs, target_nonfinite, draft_nonfinite]
     rule = torch.cat(
         [
-            torch.stack([accepted.double(), next_ids.double(), verdict.next_token_probs.double()], 1),
+            torch.stack([column.double() for column in head], 1),
             verdict.target_draft_probs[:, 0],
             verdict.draft_draft_probs[:, 0],
             verdict.acceptance_probs[:, 0],
             verdict.uniforms[:, 0],
         ],
         1,
-    )  # [R, 3 + 4K]
+    )  # [R, HEAD_COLUMNS + 4K]
     marked = torch.stack([torch.cat([draft_ids, draft_ids[:, :1]], 1), next_ids[:, None].expand(-1, num_columns)], 2)
     views = _view_entries(target_probs, draft_one_hot, marked)  # [R, n * VIEW_COLUMNS]
     seen_after = None
@@ -128,6 +135,8 @@ class ChainOutcome:
     num_accepted: int
     next_token_id: int
     next_token_prob: float
+    target_nonfinite: int | None  # the first column the round read a non-finite raw logit of the target at
+    draft_nonfinite: int | None  # the first drafted column whose q held inf or NaN
     target_probs: list[float]  # [length] the trace's columns, as verify_chains gives them
     draft_probs: list[float]
     acceptance_probs: list[float]
@@ -139,15 +148,28 @@ def read_chain(packed: np.ndarray, length: int) -> ChainOutcome:  # packed [P] f
     num_draft = _num_draft(packed.shape[0])
 
     def column(index: int) -> list[float]:
-        start = 3 + index * num_draft
+        start = HEAD_COLUMNS + index * num_draft
         return packed[start : start + length].tolist()
 
-    return ChainOutcome(int(packed[0]), int(packed[1]), float(packed[2]), column(0), column(1), column(2), column(3))
+    def found(position: float) -> int | None:
+        return int(position) if position >= 0 else None
+
+    return ChainOutcome(
+        int(packed[0]),
+        int(packed[1]),
+        float(packed[2]),
+        found(packed[3]),
+        found(packed[4]),
+        column(0),
+        column(1),
+        column(2),
+        column(3),
+    )
 
 
 def _num_draft(num_packed: int) -> int:
-    """K from a packed row's width: 3 + 4K + (K+1) * VIEW_COLUMNS."""
-    return (num_packed - 3 - VIEW_COLUMNS) // (4 + VIEW_COLUMNS)
+    """K from a packed row's width: HEAD_COLUMNS + 4K + (K+1) * VIEW_COLUMNS."""
+    return (num_packed - HEAD_COLUMNS - VIEW_COLUMNS) // (4 + VIEW_COLUMNS)
 
 
 def read_views(
@@ -159,7 +181,7 @@ def read_views(
     """inspection.path_views from the packed entries: a view per tested position, the residual where the row stopped at
     a rejection."""
     num_draft = _num_draft(packed.shape[0])
-    start = 3 + 4 * num_draft
+    start = HEAD_COLUMNS + 4 * num_draft
     views = []
     for position in range(min(num_accepted + 1, len(drafted) + 1)):
         block = packed[start + position * VIEW_COLUMNS : start + (position + 1) * VIEW_COLUMNS]

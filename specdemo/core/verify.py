@@ -47,6 +47,19 @@ def first_rejection_index(accepted: torch.Tensor) -> torch.Tensor:  # [B, K] boo
     return accepted.long().cumprod(dim=1).sum(dim=1)
 
 
+def first_nonfinite(
+    scores: torch.Tensor,  # [..., N, V] raw logits (or q) at N positions
+    read: torch.Tensor,  # [..., N] bool: the positions the round verifies
+) -> torch.Tensor:  # [...] int64: the first read position holding inf or NaN, N where none does
+    """Where a model's numbers left its format's range. Raw logits are finite unless a pass overflowed (masking and
+    top-k write their -inf later, into the processed scores), and inf or NaN there makes p, and every draw from it,
+    meaningless: Qwen2 in float16 writes "!!!!", token 0, the argmax of NaN."""
+    bad = read & ~torch.isfinite(scores).all(dim=-1)  # [..., N]
+    num_positions = bad.shape[-1]
+    found = torch.where(bad, torch.arange(num_positions, device=bad.device), num_positions)  # [..., N]
+    return torch.nn.functional.pad(found, (0, 1), value=num_positions).amin(dim=-1)  # N + 1 columns: never empty
+
+
 def select_positions(
     probs: torch.Tensor,  # [B, N, V]
     positions: torch.Tensor,  # [B] int64 in [0, N)

@@ -22,7 +22,7 @@ from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, CandidateTrace, NextKind, Round
 from specdemo.core.rule_inputs import RuleInputs, pad_rows
 from specdemo.core.sampling import build_warpers, greedy_token_ids, logits_to_probs
-from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
+from specdemo.core.verify import CandidateVerdict, Verify, first_nonfinite, verify_rows
 from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, hidden_layers
 from specdemo.engine.cost_watch import watch
 from specdemo.models.fixed_shape import SEED_BITS, ChainRequest, FixedShapeModel
@@ -248,6 +248,59 @@ class DrafterFailed(ValueError):
         )
 
 
+# The way forward from a format whose numbers overflowed: one with more range (bfloat16 has float32's), or more bits
+WAYS_FORWARD = {
+    "float16": "choose float32 or bfloat16 in Number format (--dtype), or another pair",
+    "bfloat16": "choose float32 in Number format (--dtype), or another pair",
+}
+
+
+class NonFiniteLogits(ValueError):
+    """A model's numbers overflowed its format on one row: one sentence naming the format and the way forward, and
+    the row's run ends there (every token it emitted before came from finite p and q)."""
+
+    def __init__(self, whose: str, dtype: torch.dtype, token: int) -> None:  # whose: "target's logits", ...
+        self.whose, self.format, self.token = whose, str(dtype).removeprefix("torch."), token
+        super().__init__(self.sentence())
+
+    def sentence(self, pair: str | None = None) -> str:
+        """The sentence, naming the pair where the caller knows it ("With <pair>, the target's logits ...")."""
+        way = WAYS_FORWARD.get(self.format, "choose another pair")
+        said = f"the {self.whose} overflowed to inf or NaN in {self.format} at generated token {self.token}: {way}."
+        return f"With {pair}, {said}" if pair else said[0].upper() + said[1:]
+
+
+def _nonfinite(
+    target_logits: list[torch.Tensor],  # per row [W, K+1, V]
+    drafts: list[Draft],
+) -> list[tuple[int | None, int | None]]:
+    """Per row, the first position the round verifies whose raw target logits hold inf or NaN, and the first drafted
+    position whose q does (None where none): one copy read back for all rows."""
+    found = []
+    for logits, draft in zip(target_logits, drafts, strict=True):
+        device = logits.device
+        lengths = torch.tensor([len(c) for c in draft.token_ids] or [0], device=device)  # [W]
+        scores = [(logits, torch.arange(logits.shape[1], device=device) <= lengths[:, None])]  # [W, K+1, V], [W, K+1]
+        if draft.probs is not None and draft.token_ids:  # [W, K, V]: q at each drafted token
+            probs = draft.probs[: len(draft.token_ids)].to(device)
+            scores.append((probs, torch.arange(probs.shape[1], device=device) < lengths[:, None]))
+        firsts = [first_nonfinite(table, verified).amin() for table, verified in scores]
+        firsts = [torch.where(f < table.shape[1], f, -1) for f, (table, _) in zip(firsts, scores, strict=True)]
+        found.append(torch.stack([*firsts, *[firsts[0].new_tensor(-1)] * (2 - len(firsts))]))
+    return [(t if t >= 0 else None, q if q >= 0 else None) for t, q in torch.stack(found).tolist()]
+
+
+def _overflow(row: _Row, target: int | None, draft: int | None, dtype: torch.dtype) -> NonFiniteLogits | None:
+    """The row's error when its round read inf or NaN in the target's logits (column `target`) or in q (drafted
+    column `draft`): named for the earlier, at the generated token whose p or q it was."""
+    if target is None and draft is None:
+        return None
+    target_first = draft is None or (target is not None and target <= draft)
+    whose = "target's logits" if target_first else "drafter's probabilities"
+    position = min(p for p in (target, draft) if p is not None)
+    return NonFiniteLogits(whose, dtype, row.num_generated + position + 1)
+
+
 class BatchDecoder:
     """Decodes a batch of rows with one drafter and one target pass per round for all of them.
 
@@ -359,7 +412,12 @@ class BatchDecoder:
         verified = time.perf_counter()
         inputs = []
         compact = all(row.sampling.is_greedy for row in rows)  # rows share the rule's vocabulary: V' or all V
-        for key, row, draft, logits in zip(keys, rows, drafts, target_logits, strict=True):
+        found = _nonfinite(target_logits, drafts)  # per row (target's column, q's column) or None
+        for key, row, draft, logits, columns in zip(keys, rows, drafts, target_logits, found, strict=True):
+            overflow = _overflow(row, *columns, self.verifier.model.dtype)
+            if overflow is not None:  # inf or NaN: the rule would draw from nothing, so the row leaves
+                failed[key] = overflow
+                continue
             try:
                 inputs.append(_rule_inputs(row, draft, logits, compact, self.noise))
             except Exception as error:  # this row's settings: it leaves, the others go on
@@ -460,12 +518,19 @@ class BatchDecoder:
         outcomes: list[tuple[Hashable, Round | Exception]] = []
         for key, row, draft, cut in zip(keys, rows, drafts, cuts, strict=True):
             packed, hidden = decided[key]
-            outcomes.append((key, self._finish_chain(key, row, draft, cut, packed, hidden, timings)))
+            try:
+                outcomes.append((key, self._finish_chain(key, row, draft, cut, packed, hidden, timings)))
+            except NonFiniteLogits as error:  # this row's numbers overflowed: it leaves, the others go on
+                outcomes.append((key, error))
+                self.remove(key)
         other_seconds = time.perf_counter() - finished
         planned = [o for _, o in outcomes if isinstance(o, Round) and o.plan is not None]
         if len(rows) == 1 and planned:  # what the plan expected of a one-row round against what it took
             watch(self.verifier.model).observe(planned[0].plan, planned[0].verify_seconds + other_seconds)
-        return [(key, replace(outcome, other_seconds=other_seconds)) for key, outcome in outcomes]
+        return [
+            (key, replace(outcome, other_seconds=other_seconds) if isinstance(outcome, Round) else outcome)
+            for key, outcome in outcomes
+        ]
 
     def _finish_chain(
         self,
@@ -477,9 +542,12 @@ class BatchDecoder:
         hidden: torch.Tensor | None,  # [L*H] where the next round's logits were read
         timings: dict[str, float | int],
     ) -> Round:
-        """_finish_round for a round decided on the device."""
+        """_finish_round for a round decided on the device; NonFiniteLogits where it read inf or NaN."""
         tokens = draft.token_ids[0] if draft.token_ids else []
         outcome = read_chain(packed, len(tokens))
+        overflow = _overflow(row, outcome.target_nonfinite, outcome.draft_nonfinite, self.verifier.model.dtype)
+        if overflow is not None:
+            raise overflow
         accepted = outcome.num_accepted
         emitted = [*tokens[:accepted], outcome.next_token_id]
         emitted = emitted[: _eos_cut(emitted, self.eos_token_ids)]

@@ -157,13 +157,17 @@ class FixedShapeModel(CachedModel):
                 self.pools.give_back(group)
 
     def _take(self, slots: int) -> _Chain:
-        """A free chain row of `slots` slots: in a group this model leased, or in one more."""
-        for group in self.leased:
-            if group.slots == slots and group.free:
-                return _Chain(group, group.free.pop(0))
-        group = self.pools.lease(slots)
-        self.leased.append(group)
-        return _Chain(group, group.free.pop(0))
+        """A free chain row of `slots` slots, in a group this model leased or in one more, its keys and values zeroed:
+        a row that left may have written inf or NaN there (decoding.NonFiniteLogits), which the next row would meet
+        at its masked slots (0 * NaN)."""
+        group = next((g for g in self.leased if g.slots == slots and g.free), None)
+        if group is None:
+            group = self.pools.lease(slots)
+            self.leased.append(group)
+        chain = _Chain(group, group.free.pop(0))
+        for table in (*group.keys, *group.values):
+            table[chain.local].zero_()
+        return chain
 
     @torch.inference_mode()
     def logits(self, asked: dict[Hashable, RowRequest]) -> list[torch.Tensor]:

@@ -95,10 +95,15 @@ class RowCache:
             table[rows, :, targets] = table[rows, :, sources]
 
     def move_rows(self, moves: list[tuple[int, int]], rows: int) -> None:
-        """Copy whole rows (from row, to row), in order, then keep the first `rows`."""
+        """Copy whole rows (from row, to row), in order, then keep the first `rows` and zero the others: a row that
+        left may have written inf or NaN (decoding.NonFiniteLogits), which a later row there would meet at its masked
+        slots (0 * NaN)."""
         for source, target in moves:
             for table in (*self.keys, *self.values):
                 table[target] = table[source]
+        if rows < self.rows:
+            for table in (*self.keys, *self.values):
+                table[rows : self.rows].zero_()
         self.rows = rows
 
     def copy_rows(self, other: RowCache, pairs: list[tuple[int, int]], length: int) -> None:
