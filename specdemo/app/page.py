@@ -9,7 +9,7 @@ from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair, pair_draft_te
 from specdemo.app.panels.lessons import LessonRow
 from specdemo.app.serving.handlers import end_session
 from specdemo.app.serving.runs import QUEUE_SIZE, RUN_CONCURRENCY, Server
-from specdemo.app.serving.share import form_from_query, runs_on_open
+from specdemo.app.serving.share import RERUNNING, form_from_query, run_note
 from specdemo.app.tabs import audit, batch, one_prompt
 from specdemo.app.views.render import LEGEND_HTML, THEME_CSS
 from specdemo.engine.resources import bound_allocator_arenas
@@ -26,7 +26,6 @@ HEADER = (
 # takes the GIL from the engine's thread. The idle server's thread used 0.8 s of CPU in 8 s, 0.09 s at these periods.
 # An event now waits up to 20 ms to start.
 QUEUE_POLL_SECONDS = {"sleep_when_free": 0.02, "progress_update_sleep_when_free": 0.1}
-RERUNNING = "re-running it with its settings and seed"
 # After a shared link set the form: press Run for it once the pair's own settings have landed.
 RUN_ON_OPEN_JS = f"""() => {{
   if (document.querySelector('#link-note')?.innerText.includes('{RERUNNING}')) {{
@@ -120,11 +119,8 @@ def open_link(request: gr.Request) -> list:
     prompt, values, notes = form_from_query(query)
     if prompt is None and not values and not notes:
         return [gr.skip(), *(gr.skip() for _ in RUN_FIELDS), gr.skip()]
-    if runs_on_open(query, prompt, values):
-        notes.insert(0, f"Opened from a shared link: {RERUNNING}.")
-    elif query.get("run") == "1":
-        notes.insert(0, "Opened from a shared link: press **Run** to decode it (it re-runs by itself only for an "
-                        "offline pair and a short run).")  # fmt: skip
+    if (running := run_note(query, prompt, values)) is not None:
+        notes.insert(0, running)
     updates = [gr.update(value=values[spec.name]) if spec.name in values else gr.skip() for spec in RUN_FIELDS]
     note = gr.update(value=" ".join(notes), visible=bool(notes))
     return [gr.update(value=prompt) if prompt is not None else gr.skip(), *updates, note]

@@ -22,6 +22,7 @@ from specdemo.engine.decoding import BatchDecoder
 from specdemo.engine.drafting import build_drafter
 from specdemo.engine.resources import release_freed_memory
 from specdemo.models.loading import LoadedModel, Progress
+from specdemo.models.platform import fork_safe
 
 MAX_BATCH_ROWS = 8  # rows decoded together; a run that finds the batch full waits for a place
 STOP_POLL_SECONDS = 0.05  # how often a stream waiting for rounds looks at its stop event
@@ -129,7 +130,7 @@ class Scheduler:
         # with the target's measured round costs, drafts are cut when a shared pass pays for it
         self.decoder = BatchDecoder(target, drafter, eos_token_ids, costs=shared_costs(target))
         self.models_lock, self.max_rows, self.on_idle = models_lock, max_rows, on_idle
-        self.condition = threading.Condition()
+        self.condition = fork_safe(threading.Condition())
         self.waiting: list[tuple[Hashable, DecodeRequest]] = []
         self.streams: dict[Hashable, tuple[RowStream, int]] = {}  # each row's stream and index in its run
         self.cancelled: set[Hashable] = set()
@@ -227,10 +228,10 @@ class Schedulers:
     kept); all share one lock on the models."""
 
     def __init__(self, max_rows: int = MAX_BATCH_ROWS) -> None:
-        self.models_lock = threading.Lock()
+        self.models_lock = fork_safe(threading.Lock())
         self.max_rows = max_rows
         self.active: dict[tuple[int, object], Scheduler] = {}
-        self.lock = threading.Lock()
+        self.lock = fork_safe(threading.Lock())
 
     def get(
         self,

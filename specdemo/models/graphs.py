@@ -12,11 +12,14 @@ from contextlib import contextmanager
 
 import torch
 
+from specdemo.models.platform import fork_safe
+
 GRAPHS_VARIABLE = "SPECDEMO_CUDA_GRAPHS"  # "0" decodes eagerly on CUDA too; "1" tries graphs on any device (a test)
 WARMUP_RUNS = 3  # eager runs on a side stream before a capture, as CUDA graphs need
 
-GRAPH_CAPTURE = threading.Lock()  # one CUDA graph capture at a time in the process (they share a capture stream), and
-# no allocator cache emptied during one (empty_cache refuses while a capture is under way)
+# One CUDA graph capture at a time in the process (they share a capture stream), and no allocator cache emptied
+# during one (empty_cache refuses while a capture is under way).
+GRAPH_CAPTURE = fork_safe(threading.Lock())
 
 Outputs = tuple[torch.Tensor, ...]
 

@@ -12,7 +12,7 @@ import torch
 from specdemo.models.graphs import empty_cuda_cache
 from specdemo.models.loading import MEMORY_HEADROOM, LoadedModel, free_memory_bytes, load_model
 from specdemo.models.offline import Progress
-from specdemo.models.platform import on_zerogpu
+from specdemo.models.platform import fork_safe, on_zerogpu
 from specdemo.models.pools import release_pools
 
 
@@ -28,7 +28,7 @@ class ModelCache:
     def __init__(self, loader: Callable[..., LoadedModel] = load_model, capacity: int = 2, pinned: str = "") -> None:
         self.loader, self.capacity, self.pinned = loader, capacity, pinned
         self.models: OrderedDict[str, LoadedModel] = OrderedDict()
-        self.lock = threading.Lock()  # guards models and loading_locks
+        self.lock = fork_safe(threading.Lock())  # guards models and loading_locks
         self.loading_locks: dict[str, threading.Lock] = {}
 
     def get(self, name: str, progress: Progress = lambda message: None, **load_options: object) -> LoadedModel:
@@ -38,7 +38,7 @@ class ModelCache:
             if name in self.models and _serves(self.models[name], load_options):
                 self.models.move_to_end(name)
                 return self.models[name]
-            loading = self.loading_locks.setdefault(name, threading.Lock())
+            loading = self.loading_locks.setdefault(name, fork_safe(threading.Lock()))
         with loading:  # a second request for the same model waits here and then finds it loaded
             with self.lock:
                 if name in self.models and _serves(self.models[name], load_options):

@@ -1,9 +1,15 @@
 """A run as a link: the query's settings are checked one by one as /generate checks them, a bad or unknown one is
-left out with a sentence, and only a cheap offline run re-runs by itself."""
+left out with a sentence, and only a cheap offline run re-runs by itself, never on ZeroGPU."""
 
 from __future__ import annotations
 
-from specdemo.app.serving.share import form_from_query, link_js, runs_on_open
+from types import SimpleNamespace
+
+from specdemo.app import page
+from specdemo.app.serving import share
+from specdemo.app.serving.share import RERUNNING, form_from_query, link_js, runs_on_open
+
+SHARED = {"prompt": "Hi there", "pair": "smollm2-135m-self", "seed": "3", "run": "1"}  # re-runs by itself off ZeroGPU
 
 
 def test_a_links_settings_come_back_as_the_form_holds_them():
@@ -48,3 +54,28 @@ def test_a_links_rule_comes_back_and_a_bad_one_is_left_out_with_a_sentence():
     assert '"rule"' in link_js()
     _, values, notes = form_from_query({"rule": "shuffled"})
     assert values == {} and notes == ["Left out rule='shuffled': rule must be 'standard' or 'coupled', got 'shuffled'."]
+
+
+def opened(query: dict[str, str]) -> tuple[str, list]:
+    """The page's load event for a link: its note's text and the form's updates."""
+    *form, note = page.open_link(SimpleNamespace(query_params=query))
+    return note["value"], form
+
+
+def test_on_zerogpu_a_link_fills_the_form_and_waits_for_run(monkeypatch):
+    """A run there spends the visitor's daily GPU quota: the link sets the form, and its note says why it waits (the
+    page presses Run only when the note says it re-runs: page.RUN_ON_OPEN_JS)."""
+    monkeypatch.setattr(share, "ON_ZEROGPU", False)
+    text, form = opened(SHARED)
+    assert runs_on_open(SHARED, *form_from_query(SHARED)[:2]) and text == f"Opened from a shared link: {RERUNNING}."
+    assert RERUNNING in page.RUN_ON_OPEN_JS
+    monkeypatch.setattr(share, "ON_ZEROGPU", True)
+    assert not runs_on_open(SHARED, *form_from_query(SHARED)[:2])
+    waiting, waiting_form = opened(SHARED)
+    assert waiting_form == form  # the same form: prompt, pair and seed set
+    assert RERUNNING not in waiting
+    assert waiting == (
+        "Opened from a shared link: press **Run** to decode it. On this ZeroGPU Space a run spends your daily GPU "
+        "quota, so a link never runs by itself."
+    )
+    assert opened({k: v for k, v in SHARED.items() if k != "run"})[0] == ""  # a link not asking to run says nothing

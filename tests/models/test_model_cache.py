@@ -97,7 +97,7 @@ def test_on_zerogpu_the_weights_held_on_the_gpu_count_against_the_lent_gpu(monke
     """Every ZeroGPU call moves all models the process holds onto the lent GPU: what is free for more weights is the
     lent GPU's memory less theirs (models on the CPU aside)."""
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    monkeypatch.setenv("ZEROGPU_CUDA_TOTAL_MEMORY", "1000")
+    monkeypatch.setattr("specdemo.models.loading.zerogpu_memory_bytes", lambda: 1000)  # the lent GPU's
     cuda = torch.device("cuda")
     cache = ModelCache(lambda name, progress, **options: Held(name, **options), capacity=10)
     cache.get("a/gpu", device=cuda, weights_bytes=300)

@@ -144,7 +144,7 @@ def test_on_zerogpu_cuda_memory_is_the_lent_gpus_and_loading_skips_the_warm_up(t
     """The Space's own process has no GPU: the memory is the whole GPU a call is lent (free and total), not what
     torch reads; and a load runs no warm-up passes there (they would run on the CPU through spaces' emulation)."""
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    monkeypatch.setenv("ZEROGPU_CUDA_TOTAL_MEMORY", str(48 * 2**30))
+    monkeypatch.setattr(models, "zerogpu_memory_bytes", lambda: 48 * 2**30)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: pytest.fail("torch's CUDA memory was read"))
     assert device_memory(torch.device("cuda")) == (48 * 2**30, 48 * 2**30)
     assert device_memory(CPU)[1] > 0  # the CPU's as ever

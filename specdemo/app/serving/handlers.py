@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ import gradio as gr
 from gradio.utils import get_upload_folder
 
 from specdemo.engine.scheduler import STOP_POLL_SECONDS
+from specdemo.models.platform import fork_safe
 
 MAX_DOWNLOADS = 32  # trace and audit files kept; the oldest goes when another is written
 DOWNLOADS_FOLDER = "specdemo-downloads"  # inside Gradio's cache, so Gradio serves the files without copying them
@@ -44,7 +46,16 @@ _REQUEST = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD,
 
 _running: dict[str, set[threading.Event]] = {}  # session hash -> the stop events of the session's runs
 _stops: dict[str, threading.Event] = {}  # run id -> its stop event, in the process that decodes it
-_running_lock = threading.Lock()
+_running_lock = fork_safe(threading.Lock())
+
+
+def _forget_runs() -> None:
+    """A forked process (a ZeroGPU call's worker) decodes none of the server's runs: its stop events are its own."""
+    _running.clear()
+    _stops.clear()
+
+
+os.register_at_fork(after_in_child=_forget_runs)
 
 
 def end_session(request: gr.Request) -> None:
@@ -146,7 +157,7 @@ class Downloads:
     def __init__(self, root: str | None = None, limit: int | None = None) -> None:
         self.folder = Path(root or get_upload_folder()) / DOWNLOADS_FOLDER
         self.limit = limit
-        self.lock = threading.Lock()
+        self.lock = fork_safe(threading.Lock())
 
     def write_json(self, prefix: str, record: dict) -> str:
         """`record` as JSON in a new file of the folder; returns its path."""

@@ -1,5 +1,6 @@
 """A run as a link: the form's settings and seed in the URL's query (?prompt=...&pair=...&seed=3&run=1), read back
-when the page opens, each parameter checked as /generate checks it; a bad or unknown one is left out with a note."""
+when the page opens, each parameter checked as /generate checks it; a bad or unknown one is left out with a note. On
+ZeroGPU a link fills the form and waits for Run: a run there spends the visitor's GPU quota."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from specdemo.app.form import RUN_FIELDS, by_name, defaults, parse_request
+from specdemo.app.serving.zerogpu import ON_ZEROGPU
 from specdemo.pairs import PAIRS_BY_KEY
 
 PAGE_PARAMETERS = ("__theme", "view", "run")  # the page's own: the theme, the presenter view, re-running on open
 CHEAP_NEW_TOKENS = 256  # a shared link re-runs on open when its pair is offline and it decodes at most this many
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+RERUNNING = "re-running it with its settings and seed"  # the page presses Run when its note says so (page.py)
 
 
 def _value(name: str, text: str) -> Any:
@@ -58,10 +61,30 @@ def form_from_query(query: Mapping[str, str]) -> tuple[str | None, dict[str, Any
 
 
 def runs_on_open(query: Mapping[str, str], prompt: str | None, values: Mapping[str, Any]) -> bool:
-    """Whether opening the link re-runs it: asked for (run=1), a prompt, an offline pair, a short run."""
+    """Whether opening the link re-runs it: asked for (run=1), a prompt, an offline pair, a short run, and not on
+    ZeroGPU, where a run spends the visitor's daily GPU quota and so waits for their click."""
     pair = PAIRS_BY_KEY.get(values.get("pair", defaults()["pair"]))  # None: a custom pair
     short = values.get("max_new_tokens", defaults()["max_new_tokens"]) <= CHEAP_NEW_TOKENS
-    return query.get("run") == "1" and prompt is not None and pair is not None and not pair.needs_hub and short
+    asked = query.get("run") == "1" and not ON_ZEROGPU
+    return asked and prompt is not None and pair is not None and not pair.needs_hub and short
+
+
+def run_note(query: Mapping[str, str], prompt: str | None, values: Mapping[str, Any]) -> str | None:
+    """The note's first sentence for a link that asks to run (None for one that does not): it re-runs, or why it waits
+    for Run."""
+    if runs_on_open(query, prompt, values):
+        return f"Opened from a shared link: {RERUNNING}."
+    if query.get("run") != "1":
+        return None
+    if ON_ZEROGPU:
+        return (
+            "Opened from a shared link: press **Run** to decode it. On this ZeroGPU Space a run spends your daily GPU "
+            "quota, so a link never runs by itself."
+        )
+    return (
+        "Opened from a shared link: press **Run** to decode it (it re-runs by itself only for an offline pair and a "
+        "short run)."
+    )
 
 
 def link_js() -> str:
