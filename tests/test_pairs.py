@@ -29,6 +29,7 @@ from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import (
     DEFAULT_PAIR,
+    MODEL_SHAPES,
     NGRAM,
     PAIRS,
     PAIRS_BY_KEY,
@@ -59,6 +60,7 @@ def test_registry_is_well_formed():
         offline = pair.target in OFFLINE_MODELS and pair.drafter in {*OFFLINE_MODELS, *DRAFTER_KINDS}
         assert pair.needs_hub == (not offline), pair.key
         assert None not in pair.parameter_counts.values(), f"{pair.key}: add its models to PARAMETER_COUNTS"
+        assert all(name in MODEL_SHAPES for name in pair.model_names), f"{pair.key}: add its models to MODEL_SHAPES"
         assert pair.gated == any(gated_on_hub(name) for name in pair.model_names), pair.key
     assert {pair.key for pair in PAIRS if not pair.needs_hub} >= {
         "smollm2-135m-ngram",
@@ -189,8 +191,8 @@ def test_a_pair_too_large_together_is_refused_before_either_loads(tmp_path, monk
     pair = custom_pair(str(target), str(draft), allow_local=True)
     with pytest.raises(
         ValueError,
-        match=r"needs about .* kB for its weights \(.* and .*\) in float32, more than the .* kB weights may take of "
-        r"the .* kB free on this CPU once idle models are unloaded: pick a pair that fits \(smollm2-135m-ngram, .*\)",
+        match=r"needs about .* kB in float32 for its weights \(.* and .*\), more than the .* kB usable of the .* kB "
+        r"free on this CPU once idle models are unloaded: pick a pair that fits \(smollm2-135m-ngram, .*\)",
     ):
         load_pair(pair, cache, device=torch.device("cpu"), allow_local=True, dtype=torch.float32)
     assert not cache.models
@@ -258,8 +260,10 @@ def test_a_pair_that_fits_only_without_the_last_one_evicts_it_and_loads(monkeypa
 
 
 def test_a_pair_too_big_for_the_device_is_refused_naming_the_memory_and_the_pairs_that_fit(monkeypatch):
-    """Llama 3.1 8B with its 1B draft on a T4 in float16: 18.5 GB of weights, more than the 12.7 GB they may take of
-    its 15.8 GB; refused before anything loads, in one sentence naming the pairs that do fit."""
+    """Llama 3.1 8B with its 1B draft on a T4 in float16: 22.5 GB even at its smallest limits, 18.5 GB of it weights,
+    more than the 12.7 GB its plan may take of the 15.8 GB; refused before anything loads, in one sentence naming the
+    biggest term and the pairs that do fit."""
+    simulate_gpu(monkeypatch, 7, 5)
     monkeypatch.setenv("HF_TOKEN", "hf_a_token_of_an_account_that_accepted_the_licence")
     cache = ModelCache(lambda *args, **options: pytest.fail("loaded a pair that does not fit"))
     simulate_memory(monkeypatch, cache, T4_MEMORY)
@@ -267,12 +271,12 @@ def test_a_pair_too_big_for_the_device_is_refused_naming_the_memory_and_the_pair
     with pytest.raises(ValueError) as refused:
         load_pair(find_pair("llama-3.2-1b-3.1-8b"), cache, device=CUDA, dtype=torch.float16)
     assert str(refused.value) == (
-        "The pair 'llama-3.2-1b-3.1-8b' needs about 18.5 GB for its weights (meta-llama/Llama-3.1-8B-Instruct 16.1 GB "
-        "and meta-llama/Llama-3.2-1B-Instruct 2.5 GB) in float16, more than the 12.7 GB weights may take of this GPU's "
-        f"15.8 GB: pick a pair that fits ({fitting}), or run it on a machine with a larger GPU."
+        "The pair 'llama-3.2-1b-3.1-8b' needs about 22.5 GB in float16 even at its smallest limits, the most for "
+        "weights (meta-llama/Llama-3.1-8B-Instruct 16.1 GB and meta-llama/Llama-3.2-1B-Instruct 2.5 GB), more than "
+        f"the 12.7 GB usable of this GPU's 15.8 GB: pick a pair that fits ({fitting}), or run it on a machine with a "
+        "larger GPU."
     )
     assert [pair.key for pair in fitting_pairs(CUDA, torch.float16)] == fitting.split(", ")
-    assert [pair.key for pair in fitting_pairs(CUDA, torch.bfloat16)] == fitting.split(", ")
     assert "qwen2.5-0.5b-7b" not in [pair.key for pair in fitting_pairs(CUDA, torch.float32)]
 
 
@@ -308,19 +312,50 @@ def test_a_gated_pair_without_a_token_is_refused_before_loading_and_marked(monke
 
 
 def test_pairs_too_big_for_the_device_are_marked_in_the_format_auto_picks(monkeypatch, capsys):
-    """A T4: auto is float16 there, and the two pairs of 7B and 8B are marked; in the CLI's list too, its columns as
-    they were."""
+    """A T4: auto is float16 there (float32 for Qwen2.5 and Gemma 3, which overflow in float16), and the pairs of 7B
+    and 8B are marked with their biggest term; in the CLI's list too, its columns as they were."""
     simulate_gpu(monkeypatch, 7, 5)
     monkeypatch.setenv("HF_TOKEN", "hf_a_token")
     monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
     marks = pair_marks(CUDA)
     assert {key: mark for key, mark in marks.items() if mark} == {
-        "qwen2.5-0.5b-7b": " — too big for this GPU: needs 16.2 GB, 12.7 GB usable",
-        "llama-3.2-1b-3.1-8b": " — too big for this GPU: needs 18.5 GB, 12.7 GB usable",
+        "qwen2.5-0.5b-7b": " — too big for this GPU in float32, which Qwen2 and Qwen2.5 need here (float16 overflows): "
+        "needs 36.3 GB, 12.7 GB usable (the most for weights: 32.5 GB)",
+        "llama-3.2-1b-3.1-8b": " — too big for this GPU: needs 22.5 GB, 12.7 GB usable (the most for weights: 18.5 GB)",
     }
     assert main(["pairs"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["key", "network", "hardware", "label"]
     llama = next(line for line in lines if line.startswith("llama-3.2-1b-3.1-8b "))
     assert llama.split()[:3] == ["llama-3.2-1b-3.1-8b", "Hub", "gpu"]
-    assert llama.endswith("Llama-3.2-1B → Llama-3.1-8B-Instruct — too big for this GPU: needs 18.5 GB, 12.7 GB usable")
+    assert llama.endswith(
+        "Llama-3.2-1B → Llama-3.1-8B-Instruct — too big for this GPU: needs 22.5 GB, 12.7 GB usable (the most for "
+        "weights: 18.5 GB)"
+    )
+
+
+def test_a_pair_that_fits_a_t4_only_within_limits_says_them_and_holds_its_groups_to_its_plan(monkeypatch):
+    """SmolLM2-1.7B with its 135M draft on a T4 (float16): weights 3.7 GB, and one group of 2,048 slots (3.2 GB) where
+    the settings would ask eight of 8,192 (103 GB): offered, the page's limits line says so, and a loaded pair holds
+    the target's groups to the plan."""
+    from specdemo.models.pools import _LIMITS
+    from specdemo.pairs import limits_line, pair_plan
+
+    simulate_gpu(monkeypatch, 7, 5)
+    monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
+    pair = find_pair("smollm2-135m-1.7b")
+    plan = pair_plan(pair, CUDA, torch.float16)
+    assert plan.fits and not plan.full and (plan.limits.slots, plan.limits.groups) == (2048, 1)
+    assert plan.terms["keys and values"] == 3_221_225_472 and plan.biggest == "weights"
+    assert limits_line(pair, CUDA, torch.float16) == (
+        "On this GPU this pair holds rows of at most 2,047 tokens (prompt and new tokens) and 8 chain rows at once "
+        "(runs × candidates)"
+    )
+    assert limits_line(find_pair("smollm2-135m-ngram"), CPU, torch.float32) is None
+    cache = ModelCache(TinyLoader([pair.target, pair.drafter]), capacity=4)
+    simulate_memory(monkeypatch, cache, T4_MEMORY)
+    monkeypatch.setattr("specdemo.pairs.uses_fixed_shape", lambda device: True)
+    target, _ = load_pair(pair, cache, device=CUDA, dtype=torch.float16)
+    tiny = target.model.config  # R rows of keys and values per layer, Hkv heads of d, in float32 as it loaded
+    head_dim = tiny.hidden_size // tiny.num_attention_heads
+    assert _LIMITS[target.model][1] == 8 * tiny.num_hidden_layers * 2 * tiny.num_key_value_heads * head_dim * 4

@@ -19,7 +19,7 @@ from specdemo.config import check_batch_size, check_prompt_fits
 from specdemo.core.planning import PassCosts
 from specdemo.engine.costs import MEASURED_SIZES, batch_costs, measure_pass_seconds
 from specdemo.engine.scheduler import MAX_BATCH_ROWS
-from specdemo.models.loading import chat_prompt_ids, dtype_reason
+from specdemo.models.loading import chat_prompt_ids, model_dtype_reason
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import load_pair
 
@@ -77,7 +77,7 @@ def bench_command(args: argparse.Namespace, progress) -> int:
     results = run_bench(
         target, draft, settings.speculative, args.repeats, prompts, log, settings.pair, settings.drafter_options
     )
-    results["dtype_reason"] = dtype_reason(args.dtype, target.device)
+    results["dtype_reason"] = model_dtype_reason(args.dtype, target.device, settings.pair.model_names)
     print(markdown_table(results))
     write(args.output, results)
     return 0

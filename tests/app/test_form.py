@@ -87,13 +87,12 @@ def test_the_pair_dropdown_marks_pairs_too_big_for_this_gpu_and_gated_ones_witho
     without_a_token(monkeypatch)
     monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
     labels = {key: label for label, key in pair_choices(torch.device("cuda"))}
-    too_big = " — too big for this GPU: needs {} GB, 12.7 GB usable"
     assert labels == {
         **{pair.key: pair.label for pair in PAIRS},
-        "qwen2.5-0.5b-7b": "Qwen2.5-0.5B → Qwen2.5-7B-Instruct" + too_big.format(16.2),
-        "llama-3.2-1b-3.1-8b": "Llama-3.2-1B → Llama-3.1-8B-Instruct"
-        + too_big.format(18.5)
-        + " — gated: needs HF_TOKEN",
+        "qwen2.5-0.5b-7b": "Qwen2.5-0.5B → Qwen2.5-7B-Instruct — too big for this GPU in float32, which Qwen2 and "
+        "Qwen2.5 need here (float16 overflows): needs 36.3 GB, 12.7 GB usable (the most for weights: 32.5 GB)",
+        "llama-3.2-1b-3.1-8b": "Llama-3.2-1B → Llama-3.1-8B-Instruct — too big for this GPU: needs 22.5 GB, 12.7 GB "
+        "usable (the most for weights: 18.5 GB) — gated: needs HF_TOKEN",
         "gemma-3-270m-1b": "gemma-3-270m-it → gemma-3-1b-it — gated: needs HF_TOKEN",
         "custom": "Custom: any two Hub ids",
     }

@@ -57,7 +57,8 @@ def test_each_benchmark_is_tested_here():
     test runs."""
     folder = Path(__file__).resolve().parents[2] / "benchmarks"
     modules = {path.stem for path in folder.glob("*.py")} - {"__init__", "common"}
-    assert modules == {name for name, _ in TINY_RUNS} | {"round_host", "load"}  # load: tests/app/test_robustness.py
+    # load: tests/app/test_robustness.py; memory (no model: plans on simulated devices): tests/models/test_memory.py
+    assert modules == {name for name, _ in TINY_RUNS} | {"round_host", "load", "memory"}
 
 
 @pytest.mark.parametrize(("name", "options"), TINY_RUNS)
