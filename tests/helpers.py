@@ -281,8 +281,11 @@ def count_rounds(monkeypatch, which: Callable[[BatchDecoder], bool] = lambda dec
 
     def watching_draw(decoder, prompt_ids, sampling, speculative, seeds, num_tokens, report, should_stop, lock):
         run = WatchedRun(decoder)
-        stop = getattr(should_stop, "__self__", None)
-        assert isinstance(stop, threading.Event), "the audit is stopped by an event's is_set"
+        closed_over = [cell.cell_contents for cell in getattr(should_stop, "__closure__", None) or ()]
+        stop = getattr(should_stop, "__self__", None) or next(
+            (value for value in closed_over if isinstance(value, threading.Event)), None
+        )
+        assert isinstance(stop, threading.Event), "the audit is stopped by an event's is_set (and maybe its deadline)"
         counter.add(run, stop)
         try:
             return draw(decoder, prompt_ids, sampling, speculative, seeds, num_tokens, report, should_stop, lock)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -27,11 +27,20 @@ from specdemo.models.loading import (
     AUTO_DTYPE_HELP,
     DTYPE_CHOICES,
     LOCAL_PATHS_VARIABLE,
-    dtype_reason,
+    model_dtype_reason,
     pick_device,
-    resolve_dtype,
 )
-from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, custom_pair, find_pair, pair_marks
+from specdemo.pairs import (
+    DEFAULT_PAIR,
+    PAIRS,
+    Pair,
+    check_run_limits,
+    custom_pair,
+    find_pair,
+    limits_line,
+    pair_dtype,
+    pair_marks,
+)
 
 Control = Literal["dropdown", "textbox", "slider", "number", "checkbox", "radio"]
 CUSTOM = "custom"
@@ -75,11 +84,32 @@ class Field:
         return gr.Textbox(spec.default, lines=1 if spec.step is None else int(spec.step), **common)
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """A listed pair this server does not offer, found at startup (app/serving/startup.py), and why."""
+
+    why: str  # a few words after its label in the pair list, e.g. "its drafter does not match this target"
+    sentence: str  # the problem and the way forward: the startup log's line, the pair's note, a run's refusal
+
+
+LEFT_OUT: dict[str, LeftOut] = {}  # by pair key: set once at startup (leave_out), before the page is built
+
+
 def pair_choices(device: torch.device) -> list[tuple[str, str]]:
-    """The pair dropdown's (label, key) choices, each label marked when the pair is too big for `device` in the format
-    auto picks there, or gated with no Hub token set (pairs.pair_marks); then the custom pair."""
-    marks = pair_marks(device)
+    """The pair dropdown's (label, key) choices, each label marked when the server left the pair out at startup
+    (LEFT_OUT), else when it is too big for `device` in the format auto picks there, or gated with no Hub token set
+    (pairs.pair_marks); then the custom pair."""
+    marks = pair_marks(device) | {key: f" — not offered here: {found.why}" for key, found in LEFT_OUT.items()}
     return [(pair.label + marks[pair.key], pair.key) for pair in PAIRS] + [("Custom: any two Hub ids", CUSTOM)]
+
+
+def leave_out(left_out: Mapping[str, LeftOut]) -> None:
+    """The pairs the server does not offer, marked in the pair list and said in their note; at startup, before the
+    page makes its controls from RUN_FIELDS."""
+    LEFT_OUT.clear()
+    LEFT_OUT.update(left_out)
+    index = names().index("pair")
+    RUN_FIELDS[index] = replace(RUN_FIELDS[index], choices=pair_choices(pick_device()))
 
 
 def whole(name: str) -> Callable[[Any], int]:
@@ -261,7 +291,11 @@ def parse_request(prompt: str, values: dict[str, Any]) -> RunRequest:
     )
     options = drafter_options(pair.drafter, read)  # the other kinds' options are hidden on the page: not read
     device = pick_device()  # where the cache loads models
-    dtype, reason = resolve_dtype(read["dtype"], device), dtype_reason(read["dtype"], device)
+    dtype = pair_dtype(pair, read["dtype"], device)
+    reason = model_dtype_reason(read["dtype"], device, pair.model_names)
+    check_run_limits(pair, device, dtype, speculative.max_new_tokens + 1, speculative.num_candidates)
+    limits = limits_line(pair, device, dtype)
+    reason = f"{reason}; {limits[0].lower()}{limits[1:]}" if limits else reason
     chat, compare = read["chat"], read["compare"]
     return RunRequest(prompt, pair, sampling, speculative, options, chat, compare, allow_local, dtype, reason, read)
 
@@ -277,6 +311,8 @@ def describe_pair(pair_key: str) -> list:
         if custom
         else (pair.note)
     )
+    if pair_key in LEFT_OUT:
+        note = f"**Not offered here.** {LEFT_OUT[pair_key].sentence}\n\n{note}"
     draft_model = custom or pair.uses_draft_model
     updates = [note, gr.update(visible=custom), gr.update(visible=custom), gr.update(visible=draft_model)]
     kinds = {spec.kind for spec in RUN_FIELDS if spec.kind}

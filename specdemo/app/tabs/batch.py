@@ -13,7 +13,7 @@ import gradio as gr
 
 from specdemo.app.form import RUN_FIELDS, names, parse_request, signature
 from specdemo.app.serving.handlers import stop_signal, stoppable
-from specdemo.app.serving.messages import user_error
+from specdemo.app.serving.messages import failure_sentence, user_error
 from specdemo.app.serving.runs import (
     CHART_INTERVAL_SECONDS,
     Run,
@@ -67,7 +67,12 @@ def build_tab(server: Server, settings: dict[str, gr.components.Component]) -> N
             gr.Plot(candidates_sweep_figure(sweep), show_label=False)
     gr.Markdown(sweep_caption(sweep))
     handler = stoppable(
-        gpu_function(partial(batch_steps, server), partial(requested_seconds, "prompts")),
+        gpu_function(
+            partial(batch_steps, server),
+            partial(requested_seconds, "prompts"),
+            "The batch",
+            "lower max new tokens or the number of prompts",
+        ),
         signature([PROMPTS], RUN_FIELDS, compare=False),  # compare is ignored; its default stays as it was
         "generate_batch",
         batch_steps.__doc__,
@@ -100,13 +105,8 @@ def batch_steps(server: Server, *values: object, run_id: str) -> Iterator[tuple]
             raise user_error(str(error)) from error
         try:
             yield from stream_batch(run, texts, server.sweep)
-        except ValueError as error:  # a row's own sentence (out of the device's memory, say)
-            raise user_error(str(error), log=True) from error
-        except Exception as error:  # one prompt's row failed: this batch fails, the app and other runs go on
-            message = f"The batch failed ({error.__class__.__name__}: {str(error)[:200]})"
-            raise user_error(
-                f"{message}. The app is still serving: try again, or fewer prompts or tokens.", log=True
-            ) from error
+        except Exception as error:  # a row's own sentence (out of the device's memory, say) or a model error
+            raise user_error(failure_sentence(error, "The batch"), log=True) from error
 
 
 def batch_prompts(prompts: str | list[str]) -> list[str]:

@@ -16,7 +16,7 @@ from specdemo.app.panels import step_view
 from specdemo.app.panels.lessons import LessonRow
 from specdemo.app.serving.divergence import divergence
 from specdemo.app.serving.handlers import stop_signal, stoppable
-from specdemo.app.serving.messages import user_error
+from specdemo.app.serving.messages import failure_sentence, user_error
 from specdemo.app.serving.runs import (
     CHART_INTERVAL_SECONDS,
     QUEUE_SIZE,
@@ -59,6 +59,7 @@ from specdemo.config import (
 )
 from specdemo.core.rounds import Round
 from specdemo.core.stats import compare_runs, emitted_ids, run_stats
+from specdemo.engine.decoding import NonFiniteLogits
 from specdemo.engine.scheduler import DecodeRequest
 from specdemo.pairs import DEFAULT_PAIR
 
@@ -234,22 +235,18 @@ def run_steps(server: Server, *values: object, run_id: str) -> Iterator[tuple]:
             run = server.prepare([named.pop("prompt")], named, progress, stop)
         except ValueError as error:
             raise user_error(str(error)) from error
-        yield from failures_said(stream_run(server, run))
+        yield from failures_said(stream_run(server, run), run.request.pair.label)
 
 
-def failures_said(updates: Iterator[tuple]) -> Iterator[tuple]:
-    """A run's updates; a failure ends the run with its sentence on the page, and the app and its models stay."""
+def failures_said(updates: Iterator[tuple], pair: str) -> Iterator[tuple]:
+    """A run's updates; a failure ends the run with its sentence on the page (an overflow names the `pair`), and the
+    app and its models stay."""
     try:
         yield from updates
-    except ValueError as error:  # the run's own sentence (out of the device's memory, say): the app and its models stay
-        yield gr.skip(), html.escape(f"**{error}**", quote=False), *unchanged_charts()
-        raise user_error(str(error), log=True) from error
-    except Exception as error:  # a model error...: this run fails, the app and its models stay
-        message = f"The run failed ({error.__class__.__name__}: {str(error)[:200]})"
-        yield gr.skip(), html.escape(f"**{message}.**", quote=False), *unchanged_charts()
-        raise user_error(
-            f"{message}. The app is still serving: try again, or fewer tokens or a smaller pair.", log=True
-        ) from error
+    except Exception as error:  # the run's own sentence (out of the device's memory, say) or a model error
+        sentence = error.sentence(pair) if isinstance(error, NonFiniteLogits) else failure_sentence(error, "The run")
+        yield gr.skip(), html.escape(f"**{sentence}**", quote=False), *unchanged_charts()
+        raise user_error(sentence, log=True) from error
 
 
 def unchanged_charts() -> tuple:
