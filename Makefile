@@ -1,10 +1,11 @@
-# The two set-up commands of the README: `make demo` and `make test`, each installing everything first.
+# The two set-up commands of the README: `make demo` and `make test`, each installing everything first; `make space`
+# builds and checks the tree a Hugging Face Space receives (docs/serving.md, "Deploy").
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-local.txt | cksum | cut -d' ' -f1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install chromium demo test test-fast test-gpu lint bench
+.PHONY: install chromium demo test test-fast test-gpu lint bench space
 
 # The tests' OpenMP workers spin at most 2,000 times while they wait, not libgomp's 300,000: beside another process
 # that keeps both cores busy, spinning workers wait on descheduled ones and a test file took 12 times as long
@@ -51,3 +52,9 @@ test-gpu: install
 
 bench: install
 	$(PY) -m specdemo bench
+
+# The committed tree (git archive HEAD, no history) in build/space, its files and sizes listed, checked offline: front
+# matter, LFS patterns, size and install set (tools/space.py). Uploading it needs the network: docs/serving.md.
+space: install
+	rm -rf build/space
+	$(PY) -m tools.space build/space
