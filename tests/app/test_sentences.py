@@ -23,8 +23,9 @@ from spaces.zero.gradio import error as spaces_error
 import specdemo.app.serving.zerogpu as zerogpu
 import specdemo.app.tabs.audit as audit
 from specdemo.app.serving.handlers import Downloads
-from specdemo.app.serving.messages import loading
+from specdemo.app.serving.messages import failure_sentence, loading
 from specdemo.app.serving.runs import Server
+from specdemo.engine.decoding import NonFiniteLogits
 from specdemo.engine.scheduler import Schedulers
 from specdemo.models.shared import ModelCache
 from tests.app_helpers import settings
@@ -237,3 +238,14 @@ def test_a_model_audit_stops_at_the_end_of_its_budget_with_a_sentence(offline_mo
     )
     assert caught.value.message == sentence
     assert updates[-1][0] == sentence  # the verdict says so too
+
+
+def test_an_overflow_names_the_pair_its_format_and_the_way_forward():
+    """The engine knows the format and the token, the app the pair: the page's sentence has all three (planted: the
+    overflow shown as any ValueError, without the pair)."""
+    overflow = NonFiniteLogits("target's logits", torch.float16, 7)
+    assert failure_sentence(overflow, "The run", "Qwen2.5-0.5B → Qwen2.5-1.5B-Instruct") == (
+        "With Qwen2.5-0.5B → Qwen2.5-1.5B-Instruct, the target's logits overflowed to inf or NaN in float16 at "
+        "generated token 7: choose float32 or bfloat16 in Number format (--dtype), or another pair."
+    )
+    assert failure_sentence(overflow, "The run").startswith("The target's logits overflowed to inf or NaN in float16")

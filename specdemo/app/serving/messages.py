@@ -13,7 +13,7 @@ from typing import TypeVar
 import gradio as gr
 import torch
 
-from specdemo.engine.decoding import OutOfDeviceMemory
+from specdemo.engine.decoding import NonFiniteLogits, OutOfDeviceMemory
 from specdemo.models.loading import pick_device
 
 REPORTED_CHARACTERS = 200  # of an unexpected error's text, kept at the end of its sentence for a report
@@ -32,10 +32,12 @@ def reported(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:REPORTED_CHARACTERS]}"
 
 
-def failure_sentence(error: Exception, what: str) -> str:
-    """`error`, which ended `what` ("The run"), as one sentence: a ValueError is one of ours already (a refusal, a row's
-    own failure: as it is); out of memory says what to lower; anything else says the way forward first and keeps the
-    error at its end, for a report."""
+def failure_sentence(error: Exception, what: str, pair: str | None = None) -> str:
+    """`error`, which ended `what` ("The run") of `pair` (its label, where known), as one sentence: a ValueError is one
+    of ours already (a refusal, a row's own failure: as it is; an overflow names the pair); out of memory says what to
+    lower; anything else says the way forward first and keeps the error at its end, for a report."""
+    if isinstance(error, NonFiniteLogits):
+        return error.sentence(pair)
     if isinstance(error, ValueError):
         return str(error)
     if isinstance(error, OUT_OF_MEMORY):

@@ -44,7 +44,7 @@ START_SECONDS = SET_UP_SECONDS + MARGIN_SECONDS  # what a call asks for besides 
 SECONDS_PER_TOKEN = 0.03  # a decoded token, generous: our target-only decoding takes 11-12 ms a token on an H200
 MIN_SECONDS, MAX_SECONDS = 20, 120  # what a call asks for; 120 s is also a run's budget elsewhere
 PAIRS_VARIABLE = "SPECDEMO_ZEROGPU_PAIRS"  # comma-separated pair keys an operator loads at startup instead
-DEFAULT_PAIRS = (  # every SmolLM2-135M pair, and the Hub pairs of up to 1.7B (8.4 GB in bfloat16 in all)
+DEFAULT_PAIRS = (  # every SmolLM2-135M pair, and the Hub pairs of up to 1.7B (8.5 GB in bfloat16 in all)
     "smollm2-135m-ngram",
     "smollm2-135m-suffix",
     "smollm2-135m-recurrent",

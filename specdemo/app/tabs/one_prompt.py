@@ -59,7 +59,6 @@ from specdemo.config import (
 )
 from specdemo.core.rounds import Round
 from specdemo.core.stats import compare_runs, emitted_ids, run_stats
-from specdemo.engine.decoding import NonFiniteLogits
 from specdemo.engine.scheduler import DecodeRequest
 from specdemo.pairs import DEFAULT_PAIR
 
@@ -244,7 +243,7 @@ def failures_said(updates: Iterator[tuple], pair: str) -> Iterator[tuple]:
     try:
         yield from updates
     except Exception as error:  # the run's own sentence (out of the device's memory, say) or a model error
-        sentence = error.sentence(pair) if isinstance(error, NonFiniteLogits) else failure_sentence(error, "The run")
+        sentence = failure_sentence(error, "The run", pair)
         yield gr.skip(), html.escape(f"**{sentence}**", quote=False), *unchanged_charts()
         raise user_error(sentence, log=True) from error
 
