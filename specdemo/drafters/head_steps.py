@@ -8,7 +8,6 @@ one program for the rows padded to a power of two, captured as a CUDA graph and 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Hashable
 
 import torch
@@ -16,8 +15,6 @@ import torch
 from specdemo.models import graphs
 from specdemo.models.graphs import Program, uses_graphs
 from specdemo.models.passes import uses_fixed_shape
-
-log = logging.getLogger(__name__)
 
 
 class HeadSteps:
@@ -72,7 +69,7 @@ class HeadSteps:
             except torch.OutOfMemoryError:
                 raise
             except (RuntimeError, AssertionError) as error:  # no CUDA, or a kernel that cannot be captured
-                log.warning("specdemo: the recurrent head drafts without CUDA graphs: the capture failed (%s)", error)
+                graphs.capture_failed(("head", key, bucket), error, "the recurrent head drafts")  # strict: raised
                 self.captured = False
                 return self._program(key, bucket, first)
         self.programs[key, bucket, self.captured] = program

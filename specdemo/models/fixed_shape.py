@@ -242,7 +242,7 @@ class FixedShapeModel(CachedModel):
             except torch.OutOfMemoryError:
                 raise  # the engine's rows leave with a sentence (decoding.OutOfDeviceMemory); graphs stay on
             except (RuntimeError, AssertionError) as error:  # no CUDA, or a kernel that cannot be captured
-                log.warning("specdemo: decoding without CUDA graphs: the capture failed (%s)", error)
+                graphs.capture_failed((mode, group.slots), error, "decoding")  # strict graphs: raised
                 self.pools.graphs_failed = True
                 return self._program(group, mode, first)
             finally:

@@ -5,16 +5,21 @@ order on one stream."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdemo.models.platform import fork_safe
 
-GRAPHS_VARIABLE = "SPECDEMO_CUDA_GRAPHS"  # "0" decodes eagerly on CUDA too; "1" tries graphs on any device (a test)
+# "0" decodes eagerly on CUDA too; "1" tries graphs on any device (a test); "strict": graphs on any device, and a
+# capture that fails raises CaptureFailed instead of running eagerly (the GPU check; on a CPU, CheckedProgram)
+GRAPHS_VARIABLE = "SPECDEMO_CUDA_GRAPHS"
 WARMUP_RUNS = 3  # eager runs on a side stream before a capture, as CUDA graphs need
 
 # One CUDA graph capture at a time in the process (they share a capture stream), and no allocator cache emptied
@@ -24,10 +29,34 @@ GRAPH_CAPTURE = fork_safe(threading.Lock())
 Outputs = tuple[torch.Tensor, ...]
 
 
+log = logging.getLogger(__name__)
+
+
 def uses_graphs(device: torch.device) -> bool:
     """CUDA graphs on CUDA, unless SPECDEMO_CUDA_GRAPHS says otherwise."""
-    forced = os.environ.get(GRAPHS_VARIABLE, "").strip()
-    return forced == "1" if forced in ("0", "1") else device.type == "cuda"
+    forced = os.environ.get(GRAPHS_VARIABLE, "").strip().lower()
+    return forced in ("1", "strict") if forced in ("0", "1", "strict") else device.type == "cuda"
+
+
+def strict_graphs() -> bool:
+    """SPECDEMO_CUDA_GRAPHS=strict: every program is captured or the run fails (CaptureFailed)."""
+    return os.environ.get(GRAPHS_VARIABLE, "").strip().lower() == "strict"
+
+
+class CaptureFailed(RuntimeError):
+    """Under strict graphs, a program that could not be captured: its key and why."""
+
+    def __init__(self, key: Hashable, reason: BaseException | str) -> None:
+        super().__init__(f"Could not capture the program {key!r} as a CUDA graph: {reason}")
+        self.key = key
+
+
+def capture_failed(key: Hashable, error: BaseException, what: str) -> None:
+    """A capture of `key` failed: under strict graphs, raise CaptureFailed; else one line in the log, and the caller
+    runs `what` eagerly from then on."""
+    if strict_graphs():
+        raise CaptureFailed(key, error) from error
+    log.warning("specdemo: %s without CUDA graphs: capturing %r failed (%s)", what, key, error)
 
 
 def empty_cuda_cache() -> None:
@@ -103,11 +132,57 @@ def memory_pool(device: torch.device) -> object:
     return torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
 
+# aten ops a CUDA graph cannot capture: each reads a value back to the host, or sizes its output by values
+HOST_READS = frozenset({"_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "unique_dim",
+                        "_unique", "_unique2", "unique_consecutive", "is_nonzero", "equal"})  # fmt: skip
+HOST_CALLS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"})
+
+
+class _HostReads(TorchFunctionMode):
+    """Refuses, in its block, every torch call that would make the host wait for a GPU (CheckedProgram)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in HOST_CALLS:
+            raise RuntimeError(f"{name}() reads a value back to the host, which a CUDA graph cannot capture")
+        if name in ("__getitem__", "__setitem__") and _masked(args[1]):
+            raise RuntimeError("indexing through a boolean mask sizes its work by values, which a graph cannot capture")
+        return func(*args, **(kwargs or {}))
+
+
+class _HostReadOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in HOST_READS or (name in ("index", "index_put", "index_put_") and _masked(args[1])):
+            raise RuntimeError(f"aten.{name} reads values back to the host, which a CUDA graph cannot capture")
+        return func(*args, **(kwargs or {}))
+
+
+def _masked(index: object) -> bool:
+    indices = index if isinstance(index, (tuple, list)) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+
+
+class CheckedProgram(Program):
+    """A capture as a CPU can check it, under strict graphs: the warm-up runs, then one run in which any read back to
+    the host (what makes a CUDA capture fail) raises; replays run eagerly."""
+
+    def __init__(self, run: Callable[..., Outputs], inputs: Sequence[torch.Tensor]) -> None:
+        super().__init__(run, inputs)
+        for _ in range(WARMUP_RUNS):
+            Program.replay(self)
+        with _HostReads(), _HostReadOps():
+            Program.replay(self)
+
+
 def capture(run: Callable[..., Outputs], inputs: Sequence[torch.Tensor], memory: object) -> Program:
-    """The program captured as a CUDA graph; raises where it cannot be (no CUDA, a kernel that cannot be captured)."""
+    """The program captured as a CUDA graph; raises where it cannot be (no CUDA, a kernel that cannot be captured).
+    Under strict graphs on a device without CUDA, a CheckedProgram: the capture's checks, run eagerly."""
     if _stand_in is not None:
         return _stand_in(run, inputs, memory)
     if not torch.cuda.is_available() or inputs[0].device.type != "cuda":
+        if strict_graphs():
+            return CheckedProgram(run, inputs)
         raise RuntimeError("CUDA graphs need a CUDA device")
     return CapturedProgram(run, inputs, memory)
 
