@@ -84,7 +84,7 @@ def test_every_lock_the_server_and_a_zerogpu_worker_share_is_free_in_the_worker(
         "Scheduler.condition": Scheduler(tiny_target, NgramDrafter(3, 1), frozenset(), threading.Lock()).condition,
         "ModelPools.lock": pools.ModelPools(torch.device("cpu")).lock,
         "pools._POOLS_LOCK": pools._POOLS_LOCK,
-        "graphs.GRAPH_CAPTURE": graphs.GRAPH_CAPTURE,
+        "graphs.DEVICE_WORK": graphs.DEVICE_WORK,
     }
     held_in_the_child = [name for name, lock in shared.items() if not free_in_a_child_forked_while_held(lock)]
     assert held_in_the_child == []

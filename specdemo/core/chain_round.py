@@ -48,6 +48,7 @@ def decide_chains(
     draft_probs: torch.Tensor | None,  # [R, K, V] q of rows that sampled their draft; None: every draft deterministic
     sampled_drafts: torch.Tensor,  # [R] bool: the row's q is in draft_probs, else one-hot at its draft
     sampled: bool,  # some row samples: the user's settings run in full; else greedy argmaxes alone
+    views: bool = True,  # some row shows the inspector's entries; else zeros in their columns
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:  # [R, P] float64 packed, [R, V] seen after, [R] accepted
     """One round's decisions for every row, packed (read_chain reads a row back), and what the device keeps: the tokens
     seen after the emitted ones (for the next round's penalty) and the accepted counts (for the hidden states)."""
@@ -83,13 +84,17 @@ def decide_chains(
         ],
         1,
     )  # [R, HEAD_COLUMNS + 4K]
-    marked = torch.stack([torch.cat([draft_ids, draft_ids[:, :1]], 1), next_ids[:, None].expand(-1, num_columns)], 2)
-    views = _view_entries(target_probs, draft_one_hot, marked)  # [R, n * VIEW_COLUMNS]
+    if views:
+        drawn = next_ids[:, None].expand(-1, num_columns)  # [R, n]
+        marked = torch.stack([torch.cat([draft_ids, draft_ids[:, :1]], 1), drawn], 2)  # [R, n, 2]
+        packed = torch.cat([rule, _view_entries(target_probs, draft_one_hot, marked)], 1)  # [R, P]
+    else:
+        packed = torch.nn.functional.pad(rule, (0, num_columns * VIEW_COLUMNS))  # [R, P]
     seen_after = None
     if seen is not None and seen_at is not None:
         emitted = select_positions(seen_at, accepted) | torch.nn.functional.one_hot(next_ids, vocab_size).bool()
         seen_after = torch.where(real[:, None], emitted, seen)
-    return torch.cat([rule, views], 1), seen_after, accepted
+    return packed, seen_after, accepted
 
 
 def _target_probs(

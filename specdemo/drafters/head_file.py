@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.drafters.head import RecurrentHead, layer_indices
+from specdemo.models.graphs import DEVICE_WORK
 
 HEAD_FORMAT = "specdemo-recurrent-head/2"  # /2: reads `layers`; /1 read the final state alone
 HEADS_DIRECTORY = Path(__file__).parent / "heads"  # the heads the project ships, one per offline target
@@ -94,10 +95,11 @@ def load_head(target: PreTrainedModel, path: Path) -> RecurrentHead:
         said = " ".join(str(error).split())[:200]  # one line
         raise ValueError(f"The recurrent head {path} is damaged or not a head file ({said}); {rebuild}.") from error
     head.trained = dict(record["trained"])
-    fingerprint = target_fingerprint(target)
-    if record["target"] != fingerprint:
-        raise ValueError(
-            f"The recurrent head {path} was trained for other target weights (hash {record['target']}, this target's "
-            f"is {fingerprint}): {rebuild}."
-        )
-    return head.to(target.device, target.dtype).eval()
+    with DEVICE_WORK:  # the target's weights read back and the head moved: never beside another thread's capture
+        fingerprint = target_fingerprint(target)
+        if record["target"] == fingerprint:
+            return head.to(target.device, target.dtype).eval()
+    raise ValueError(
+        f"The recurrent head {path} was trained for other target weights (hash {record['target']}, this target's "
+        f"is {fingerprint}): {rebuild}."
+    )

@@ -17,7 +17,7 @@ from specdemo.core.coupled import row_noise
 from specdemo.core.sampling import uniforms_from
 from specdemo.drafters.base import Draft, DraftRequest
 from specdemo.drafters.head import RecurrentHead
-from specdemo.drafters.head_steps import HeadSteps
+from specdemo.drafters.head_steps import steps_for
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class RecurrentDrafter:
         self.prior = [prior[min(k, len(prior) - 1)] for k in range(MAX_NUM_DRAFT_TOKENS)]  # K <= MAX_NUM_DRAFT_TOKENS
         self.counts: dict[Hashable, tuple[list[float], list[float]]] = {}  # per row and position: tested, accepted
         self.last: dict[Hashable, tuple[int, list[list[int]]]] = {}  # per row: its length then, and its candidates
-        self.steps = HeadSteps(head, vocab_size)  # its K steps (as programs where the target's rounds are)
+        self.steps = steps_for(head, vocab_size)  # its K steps (as programs where the target's rounds are), per head
 
     def forget(self, key: Hashable) -> None:
         self.last.pop(key, None)

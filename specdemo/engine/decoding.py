@@ -351,16 +351,27 @@ class BatchDecoder:
 
         A row whose own settings fail (its probabilities, its trace) or whose draft fails leaves with its exception
         as its outcome and the other rows go on; a failure of the target's shared pass is raised, for every row. When
-        the device runs out of memory, the rows that joined this round leave with a sentence and the others go on
-        (out_of_memory)."""
+        the device runs out of memory, every row takes its round once more with the model's idle groups let go, each
+        generator put back where the round began; if it runs out again, the rows that joined this round leave with a
+        sentence and the others go on (_out_of_memory)."""
+        states = {key: row.generator.get_state() for key, row in self.rows.items()}  # draws the failed round took
         try:
             return self._step()
         except torch.OutOfMemoryError:
-            return self._out_of_memory()
+            pass  # the error's traceback holds the failed pass's tensors: out of this block, they go before the retry
+        for key, row in self.rows.items():
+            row.generator.set_state(states[key])
+        return self._out_of_memory()
 
     def _out_of_memory(self) -> list[tuple[Hashable, Round | Exception]]:
-        """The rows that joined this round leave with a sentence and the others take their round, on fresh caches; if
-        they run out of memory again, or no row joined, every row leaves with the sentence."""
+        """Every row takes its round once more, on fresh caches with the model's idle groups let go. If the device runs
+        out of memory again, the rows that joined this round leave with a sentence and the others take their round;
+        if they run out of memory once more, or no row joined, every row leaves with the sentence."""
+        self._start_afresh()
+        try:
+            return self._step()
+        except torch.OutOfMemoryError:
+            pass  # out of this block the error's traceback, which holds the failed pass's tensors, goes before they do
         self._start_afresh()
         error = OutOfDeviceMemory(self.verifier.device)
         joined = [key for key, row in self.rows.items() if row.num_rounds == 0]
@@ -369,12 +380,14 @@ class BatchDecoder:
             try:
                 return failed + self._step()
             except torch.OutOfMemoryError:
-                self._start_afresh()
-                failed += self._leave(list(self.rows), error)
+                pass  # as above
+            self._start_afresh()
+            failed += self._leave(list(self.rows), error)
         return failed
 
     def _start_afresh(self) -> None:
-        """New caches (each row reads its sequence again at its next pass), and the memory of the old ones let go."""
+        """New caches (each row reads its sequence again at its next pass), and the memory of the old ones let go, with
+        the model's idle groups (FixedShapeModel.close)."""
         if isinstance(self.verifier, FixedShapeModel):
             self.verifier.close()
         self.verifier = verifier_for(self.verifier.model, self.verifier.hidden_layers)
@@ -504,6 +517,7 @@ class BatchDecoder:
                     row.seed,
                     row.draws,
                     None if draft.probs is None else draft.probs[0],
+                    views=row.drafting,  # target-only rows read no inspector entries
                 )
                 for key, row, draft in zip(keys, rows, drafts, strict=True)
             }

@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from transformers import PreTrainedModel
@@ -21,6 +22,7 @@ from specdemo.engine.costs import batch_costs, shared_costs
 from specdemo.engine.decoding import BatchDecoder
 from specdemo.engine.drafting import build_drafter
 from specdemo.engine.resources import release_freed_memory
+from specdemo.models.graphs import DEVICE_WORK
 from specdemo.models.loading import LoadedModel, Progress
 from specdemo.models.platform import fork_safe
 
@@ -115,15 +117,15 @@ class RowStream:
 
 class Scheduler:
     """A BatchDecoder for one target and drafter, run by one thread while it has rows. At most `max_rows` rows decode
-    at once; later rows wait, in arrival order, for a place. Every model pass holds `models_lock`, which all
-    schedulers share, so the models run one pass at a time."""
+    at once; later rows wait, in arrival order, for a place. Every round holds `models_lock`, which all schedulers
+    share (graphs.DEVICE_WORK in the app), so the models run one pass at a time and never beside a capture."""
 
     def __init__(
         self,
         target: PreTrainedModel,
         drafter: Drafter,
         eos_token_ids: frozenset[int],
-        models_lock: threading.Lock,
+        models_lock: AbstractContextManager[object],
         max_rows: int = MAX_BATCH_ROWS,
         on_idle: Callable[[Scheduler], None] = lambda scheduler: None,
     ) -> None:
@@ -217,18 +219,19 @@ class Scheduler:
 
 def measure_for_sharing(target: LoadedModel, progress: Progress) -> None:
     """At load, not in a run's time: the round costs by which a shared batch cuts its drafts, with one row and with
-    MAX_BATCH_ROWS rows (seconds, once per model)."""
+    MAX_BATCH_ROWS rows (seconds, once per model), holding graphs.DEVICE_WORK as rounds do."""
     if shared_costs(target.model) is None:
         progress(f"Measuring {target.name}'s round costs on this device, for shared batches (once, seconds)...")
-    batch_costs(target.model, MAX_BATCH_ROWS)
+    with DEVICE_WORK:
+        batch_costs(target.model, MAX_BATCH_ROWS)
 
 
 class Schedulers:
     """A Scheduler per target model and drafter, made on first use and let go when idle (so an evicted model is not
-    kept); all share one lock on the models."""
+    kept); all share one lock on the models, the process's lock for device work (graphs.DEVICE_WORK)."""
 
     def __init__(self, max_rows: int = MAX_BATCH_ROWS) -> None:
-        self.models_lock = fork_safe(threading.Lock())
+        self.models_lock = DEVICE_WORK
         self.max_rows = max_rows
         self.active: dict[tuple[int, object], Scheduler] = {}
         self.lock = fork_safe(threading.Lock())

@@ -1,14 +1,17 @@
-"""A group's fixed-shape pass and round as a program runs them, and the host's side of a round: the input buffer's
-layout, how a row's inputs are written into it, and the round's one wait (models/fixed_shape.py drives them)."""
+"""A group's fixed-shape pass and round as a program runs them (each compiled where fusion is on, models/fusion.py),
+and the host's side of a round: the input buffer's layout, how a row's inputs are written into it, and the round's one
+wait (models/fixed_shape.py drives them)."""
 
 # R = PASS_ROWS chains per pass, n = PASS_COLUMNS tokens per chain, L = a group's slots, V = vocab_size,
 # H = hidden size, Hkv = key-value heads, d = head size, K = drafted tokens, m = tokens read
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -18,7 +21,7 @@ from specdemo.config import MAX_NUM_DRAFT_TOKENS, SamplingConfig
 from specdemo.core.chain_round import decide_chains
 from specdemo.core.fixed_rule import RowSettings
 from specdemo.core.verify import select_positions
-from specdemo.models import graphs
+from specdemo.models import fusion, graphs
 from specdemo.models.layout import HOLE
 from specdemo.models.pools import PASS_ROWS, Group
 
@@ -42,6 +45,7 @@ class ChainRequest:
     seed: int  # its draw stream (< 2**SEED_BITS), and the draws it used before
     draws: int
     draft_probs: torch.Tensor | None  # [K, V] q of a sampled draft; None: deterministic
+    views: bool = True  # the inspector's entries packed; a round whose rows all say False leaves them out
 
 
 @dataclass(frozen=True)
@@ -75,66 +79,150 @@ class PassRunner:
         logits_to_keep: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [r, logits_to_keep, V], [r, logits_to_keep, L*H] or None
         """Device work alone, with no host clock and no wait, which a CUDA graph can capture."""
-        slots = torch.arange(group.slots, device=tokens.device)  # [L]
-        behind = positions[..., None] - slots  # [r, m, L]
-        masks = {}
-        for kind in self.layer_kinds:  # a real column sees its slots 0..position (its canonical prefix); padding slot 0
-            window = self.sliding_window if kind == "sliding_attention" else None
-            visible = (behind >= 0) & (behind < window) if window is not None else behind >= 0
-            masks[kind] = torch.where(real[..., None], visible, slots == 0)[:, None]  # [r, 1, m, L]
-        output = model(
-            input_ids=tokens,
-            position_ids=positions,
-            attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
-            past_key_values=_PassCache(group, first, write_slots),
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            tree_pass=True,
-            output_hidden_states=bool(self.hidden_layers),
-        )
-        if not self.hidden_layers:
-            return output.logits, None
-        hidden = torch.cat([output.hidden_states[layer][:, -logits_to_keep:] for layer in self.hidden_layers], -1)
-        return output.logits, hidden
+        tables = _Tables(group.keys, group.values, group.slots)
+        return table_pass(self.constants, model, tables, first, tokens, positions, write_slots, real, logits_to_keep)
+
+    @property
+    def constants(self) -> tuple[tuple[str, ...], int | None, tuple[int, ...]]:
+        """What a pass takes of the model besides its weights: its layer kinds, sliding window and kept layers."""
+        return self.layer_kinds, self.sliding_window, self.hidden_layers
+
+    def chain_pass(self, group: Group, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The pass of a group's programs over the chains in `inputs` ([R, >= 4n] float64), compiled where fusion is on
+        (models/fusion.py): [R, n, V] logits and [R, n, L*H] hidden states or None. A compiled pass takes the group's
+        tables as tensors, so an eager pass that writes only the scratch slot makes them where none are yet."""
+        model = self.model()
+        assert model is not None, "a kept program outlived its model"
+        function = functools.partial(program_pass, self.constants)
+        run = fusion.fused(model, ("pass", self.hidden_layers, group.slots), function)
+        if run is None:
+            return function(model, _Tables(group.keys, group.values, group.slots), inputs)
+        if not group.keys:
+            scratch = torch.full((1, 1), group.slots - 1, device=inputs.device)  # [1, 1]
+            self.forward(model, group, 0, torch.zeros_like(scratch), scratch, scratch, scratch < 0, 1)
+        return run(model, _Tables(group.keys, group.values, group.slots), inputs[:, : 4 * PASS_COLUMNS].contiguous())
 
     def group_pass(self, group: Group, inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [R, 4n] float64
         """A whole group's pass from its input buffer: [R, n, V] logits (and [R, n, L*H] hidden states)."""
-        ids, positions, slots, real = pass_inputs(inputs)
-        logits, hidden = self.run_pass(group, 0, ids.clamp(min=0), positions, slots, real, PASS_COLUMNS)
+        logits, hidden = self.chain_pass(group, inputs)
         return (logits,) if hidden is None else (logits, hidden)
 
     def group_round(
-        self, group: Group, sampled: bool, penalty: bool, inputs: torch.Tensor, *draft_probs: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:  # inputs [R, INPUT_COLUMNS] float64, draft_probs [R, K, V] when given
-        """A whole group's round: the pass, then core/chain_round.py; [R, P] packed (and [R, L*H] hidden states where
-        the next round's logits were read). The group's seen rows follow the emitted tokens when a row has a penalty."""
-        ids, positions, slots, real = pass_inputs(inputs)
-        column = dict(zip(ROW_COLUMNS, inputs[:, 4 * PASS_COLUMNS :].unbind(1), strict=True))  # each [R]
-        settings = RowSettings(
-            greedy=column["greedy"].bool(),
-            temperature=column["temperature"].float(),
-            top_k=column["top_k"].long(),
-            top_p_drop=column["top_p_drop"].float(),
-            top_p_on=column["top_p_on"].bool(),
-            penalty=column["penalty"].float(),
-        )
-        logits, hidden = self.run_pass(group, 0, ids.clamp(min=0), positions, slots, real, PASS_COLUMNS)
-        packed, seen_after, accepted = decide_chains(
-            logits,
-            ids,
-            column["drafted"].long(),
-            column["row_real"].bool(),
-            settings,
-            column["seed"].long(),
-            column["draws"].long(),
-            group.seen if penalty else None,
-            draft_probs[0] if draft_probs else None,
-            column["sampled_draft"].bool(),
-            sampled,
-        )
+        self,
+        group: Group,
+        sampled: bool,
+        penalty: bool,
+        inputs: torch.Tensor,  # [R, INPUT_COLUMNS] float64
+        *draft_probs: torch.Tensor,  # [R, K, V] when given
+        views: bool = True,  # the inspector's entries packed (a row asks for them)
+    ) -> tuple[torch.Tensor, ...]:
+        """A whole group's round: the pass, then the rule (round_rule), each compiled where fusion is on; [R, P] packed
+        (and [R, L*H] hidden states where the next round's logits were read). The group's seen rows follow the emitted
+        tokens when a row has a penalty."""
+        logits, hidden = self.chain_pass(group, inputs)
+        model = self.model()
+        assert model is not None, "a kept program outlived its model"
+        rule = functools.partial(round_rule, sampled, views)
+        mode = ("rule", self.hidden_layers, sampled, penalty, bool(draft_probs), views)
+        run = fusion.fused(model, mode, rule) or rule
+        seen = group.seen if penalty else None
+        packed, seen_after, kept = run(inputs, logits, seen, draft_probs[0] if draft_probs else None, hidden)
         if seen_after is not None and group.seen is not None:
             group.seen.copy_(seen_after)
-        return (packed,) if hidden is None else (packed, select_positions(hidden, accepted))
+        return (packed,) if kept is None else (packed, kept)
+
+
+class _Tables(NamedTuple):
+    """A group's keys and values as a pass takes them: [R, Hkv, L, d] per layer (made by the first pass that writes
+    each layer), and L."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    slots: int
+
+
+def table_pass(
+    constants: tuple[tuple[str, ...], int | None, tuple[int, ...]],  # PassRunner.constants
+    model: PreTrainedModel,
+    tables: _Tables,
+    first: int,  # the first row of the pass
+    tokens: torch.Tensor,  # [r, m] int64
+    positions: torch.Tensor,  # [r, m]
+    write_slots: torch.Tensor,  # [r, m]
+    real: torch.Tensor,  # [r, m] bool: False for padding
+    logits_to_keep: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [r, logits_to_keep, V], [r, logits_to_keep, L*H] or None
+    """The model's pass over rows first.. of the tables: their keys and values written at `write_slots`."""
+    layer_kinds, sliding_window, hidden_layers = constants
+    slots = torch.arange(tables.slots, device=tokens.device)  # [L]
+    behind = positions[..., None] - slots  # [r, m, L]
+    masks = {}
+    for kind in layer_kinds:  # a real column sees its slots 0..position (its canonical prefix); padding slot 0
+        window = sliding_window if kind == "sliding_attention" else None
+        visible = (behind >= 0) & (behind < window) if window is not None else behind >= 0
+        masks[kind] = torch.where(real[..., None], visible, slots == 0)[:, None]  # [r, 1, m, L]
+    output = model(
+        input_ids=tokens,
+        position_ids=positions,
+        attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
+        past_key_values=_PassCache(tables, first, write_slots),
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+        tree_pass=True,
+        output_hidden_states=bool(hidden_layers),
+    )
+    if not hidden_layers:
+        return output.logits, None
+    hidden = torch.cat([output.hidden_states[layer][:, -logits_to_keep:] for layer in hidden_layers], -1)
+    return output.logits, hidden
+
+
+def program_pass(
+    constants: tuple[tuple[str, ...], int | None, tuple[int, ...]],  # PassRunner.constants
+    model: PreTrainedModel,
+    tables: _Tables,
+    inputs: torch.Tensor,  # [R, >= 4n] float64
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [R, n, V], [R, n, L*H] or None
+    """A group's pass from a program's input buffer: every chain row, every column."""
+    ids, positions, slots, real = pass_inputs(inputs)
+    return table_pass(constants, model, tables, 0, ids.clamp(min=0), positions, slots, real, PASS_COLUMNS)
+
+
+def round_rule(
+    sampled: bool,  # some row samples
+    views: bool,  # the inspector's entries packed
+    inputs: torch.Tensor,  # [R, INPUT_COLUMNS] float64
+    logits: torch.Tensor,  # [R, n, V] the pass's
+    seen: torch.Tensor | None,  # [R, V] bool where a row has a penalty
+    draft_probs: torch.Tensor | None,  # [R, K, V] where a row sampled its draft
+    hidden: torch.Tensor | None,  # [R, n, L*H] the pass's kept hidden states
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # [R, P], [R, V] seen after, [R, L*H]
+    """A round's rule from the pass (core/chain_round.py) for the rows' settings in the input buffer; the hidden states
+    where the next round's logits were read."""
+    column = dict(zip(ROW_COLUMNS, inputs[:, 4 * PASS_COLUMNS :].unbind(1), strict=True))  # each [R]
+    settings = RowSettings(
+        greedy=column["greedy"].bool(),
+        temperature=column["temperature"].float(),
+        top_k=column["top_k"].long(),
+        top_p_drop=column["top_p_drop"].float(),
+        top_p_on=column["top_p_on"].bool(),
+        penalty=column["penalty"].float(),
+    )
+    packed, seen_after, accepted = decide_chains(
+        logits,
+        inputs[:, :PASS_COLUMNS].long(),
+        column["drafted"].long(),
+        column["row_real"].bool(),
+        settings,
+        column["seed"].long(),
+        column["draws"].long(),
+        seen,
+        draft_probs,
+        column["sampled_draft"].bool(),
+        sampled,
+        views,
+    )
+    return packed, seen_after, None if hidden is None else select_positions(hidden, accepted)
 
 
 def pass_inputs(inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [R, >= 4n] float64 -> 4 x [R, n]
@@ -148,14 +236,14 @@ def pass_inputs(inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [R, >= 4n]
 
 
 class _PassCache:
-    """What the model's attention layers call a cache for one pass over `rows` consecutive chain rows of a group: each
-    layer writes the pass's keys and values in place at the slots it names (padding at the scratch slot L - 1) and
-    attends over those rows' L slots."""
+    """What the model's attention layers call a cache for one pass over `rows` consecutive chain rows of a group's
+    tables: each layer writes the pass's keys and values in place at the slots it names (padding at the scratch slot
+    L - 1) and attends over those rows' L slots."""
 
     is_compileable = False
 
-    def __init__(self, group: Group, first: int, write_slots: torch.Tensor) -> None:  # write_slots [r, n]
-        self.group, self.first = group, first
+    def __init__(self, tables: _Tables, first: int, write_slots: torch.Tensor) -> None:  # write_slots [r, n]
+        self.tables, self.first = tables, first
         count, columns = write_slots.shape
         self.rows = count
         self.write_rows = torch.arange(first, first + count, device=write_slots.device).repeat_interleave(columns)
@@ -164,16 +252,16 @@ class _PassCache:
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: object = None
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [r, Hkv, n, d] each -> [r, Hkv, L, d] each
-        group = self.group
-        if layer_idx == len(group.keys):  # this layer's tables, shaped by its keys; zeros: masked slots hold no NaN
+        keys, values, slots = self.tables
+        if layer_idx == len(keys):  # this layer's tables, shaped by its keys; zeros: masked slots hold no NaN
             _, heads, _, size = key_states.shape
-            group.keys.append(key_states.new_zeros(PASS_ROWS, heads, group.slots, size))
-            group.values.append(value_states.new_zeros(PASS_ROWS, heads, group.slots, size))
+            keys.append(key_states.new_zeros(PASS_ROWS, heads, slots, size))
+            values.append(value_states.new_zeros(PASS_ROWS, heads, slots, size))
         rows = slice(self.first, self.first + self.rows)
-        for table, states in ((group.keys[layer_idx], key_states), (group.values[layer_idx], value_states)):
+        for table, states in ((keys[layer_idx], key_states), (values[layer_idx], value_states)):
             flat = states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])  # [r*n, Hkv, d]
             table[self.write_rows, :, self.write_slots] = flat
-        return group.keys[layer_idx][rows], group.values[layer_idx][rows]
+        return keys[layer_idx][rows], values[layer_idx][rows]
 
 
 @dataclass

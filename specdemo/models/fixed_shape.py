@@ -13,8 +13,11 @@ text is the same in any batch, bit for bit (docs/how-it-works.md; tests/models/t
 Rows decode in groups of PASS_ROWS chain rows kept for the process (models/pools.py). On CUDA a group's round is
 one captured program (models/graphs.py, models/fixed_pass.py): the pass, the user's settings, the rule and the
 inspector's entries (core/chain_round.py), read from one input buffer and read back in one copy, so the host waits
-once a round. A replay runs the kernels its capture recorded, so its numbers are the eager program's bit for bit.
-A capture that fails leaves the model's programs eager, with one line in the log.
+once a round, on an event recorded on its stream (graphs.wait), never on the whole device. A replay runs the kernels
+its capture recorded, so its numbers are the eager program's bit for bit. Passes and rounds hold graphs.DEVICE_WORK,
+as every capture does, so one capture runs at a time and no other device work meets it. A capture that fails leaves
+the model's programs eager, with one line in the log (SPECDEMO_CUDA_GRAPHS=strict: CaptureFailed); one that runs out
+of memory lets the model's idle groups go and tries once more, and failing again leaves that group's mode eager.
 
 On a CPU, a one-token round padded to PASS_ROWS x PASS_COLUMNS tokens costs about eleven one-token rounds, and the
 CPU's kernels already keep a row's sums in order (models/attention.py): the CPU keeps tree_cache.py."""
@@ -174,7 +177,7 @@ class FixedShapeModel(CachedModel):
         """One pass per group of PASS_ROWS chains (one for up to 8 candidates in all), after reading what a row's
         chains do not hold yet (its prompt, when it joins) in a pass of its own. In the order asked: [W, K+1, V]
         with position 0 after the trunk and j+1 after candidate w's first j+1 tokens (zeros past its end)."""
-        with self.lock:
+        with graphs.DEVICE_WORK, self.lock:
             started = self.forward_seconds
             read = {key: self._prepare(key, request) for key, request in asked.items()}
             fed = [
@@ -220,7 +223,7 @@ class FixedShapeModel(CachedModel):
         program.inputs[0].copy_(inputs, non_blocking=True)
         started = time.perf_counter()
         outputs = program.replay()
-        graphs.synchronize(self.device)
+        graphs.wait(self.device)
         self.forward_seconds += time.perf_counter() - started
         return outputs
 
@@ -231,28 +234,34 @@ class FixedShapeModel(CachedModel):
         captured = self.replays_graphs
         if mode[0] == "pass":
             run = functools.partial(self.runner.group_pass, group)
-        else:  # ("round", hidden layers, sampled, penalty, given); a penalty's seen rows made by _round
-            run = functools.partial(self.runner.group_round, group, mode[2], mode[3])
+        else:  # ("round", hidden layers, sampled, penalty, given, views); a penalty's seen rows made by _round
+            run = functools.partial(self.runner.group_round, group, mode[2], mode[3], views=mode[5])
         inputs = [tensor.to(self.device, copy=True) for tensor in first]
         program = Program(run, inputs)
         if captured:
             started, seen = time.perf_counter(), None if group.seen is None else group.seen.clone()
             try:
-                program = graphs.capture(run, inputs, self.pools.memory)
-            except torch.OutOfMemoryError:
-                raise  # the engine's rows leave with a sentence (decoding.OutOfDeviceMemory); graphs stay on
+                program = graphs.capture_with_room(run, inputs, self.pools.memory, self._make_room)
+            except torch.OutOfMemoryError as error:  # twice: this group's mode runs eagerly, the model stays usable
+                graphs.capture_failed((mode, group.slots), error, "a group's rounds")  # strict graphs: raised
             except (RuntimeError, AssertionError) as error:  # no CUDA, or a kernel that cannot be captured
                 graphs.capture_failed((mode, group.slots), error, "decoding")  # strict graphs: raised
                 self.pools.graphs_failed = True
                 return self._program(group, mode, first)
+            else:
+                graphs.wait(self.device)
+                self.pools.captures.append((mode, time.perf_counter() - started))
+                log.info("specdemo: captured %s for %d slots in %.2f s", mode, group.slots, self.pools.captures[-1][1])
             finally:
                 if seen is not None and group.seen is not None:
                     group.seen.copy_(seen)
-            graphs.synchronize(self.device)
-            self.pools.captures.append((mode, time.perf_counter() - started))
-            log.info("specdemo: captured %s for %d slots in %.2f s", mode, group.slots, self.pools.captures[-1][1])
         group.programs[mode, captured] = program
         return program
+
+    def _make_room(self) -> None:
+        """Memory for a capture that ran out of it: the model's idle groups, and what the allocator keeps unused."""
+        self.pools.forget_idle()
+        graphs.free_cached_memory(self.device)
 
     def _prepare(self, key: Hashable, request: RowRequest) -> int:
         """The row's chains (one per candidate) each hold its sequence but the last token; returns the tokens read."""
@@ -287,7 +296,7 @@ class FixedShapeModel(CachedModel):
         positions = torch.arange(start, known, device=self.device)[None]  # [1, m]
         began = time.perf_counter()
         self.runner.run_pass(chain.group, chain.local, tokens, positions, positions, positions >= 0, 1)
-        graphs.synchronize(self.device)
+        graphs.wait(self.device)
         self.forward_seconds += time.perf_counter() - began
         chain.start, chain.tail, chain.seen_valid = known, [], False
 
@@ -304,7 +313,7 @@ class FixedShapeModel(CachedModel):
         once, its round program replayed, its packed outputs copied back once; then one wait for all groups. Per row:
         its packed row (core/chain_round.read_chain) and, where hidden states are kept, its [L*H] states where the next
         round's logits were read."""
-        with self.lock:
+        with graphs.DEVICE_WORK, self.lock:
             read = {
                 key: self._prepare(
                     key, RowRequest(r.trunk_ids, [r.draft_ids] if r.draft_ids else [], "all", r.capacity)
@@ -323,6 +332,7 @@ class FixedShapeModel(CachedModel):
                     any(not r.sampling.is_greedy for _, _, r in rows),
                     any(r.sampling.repetition_penalty != 1.0 for _, _, r in rows),
                     any(r.draft_probs is not None for _, _, r in rows),
+                    any(r.views for _, _, r in rows),  # the inspector's entries, computed where a row reads them
                 )
                 landed.append((rows, mode[3], *self._round(group, mode, rows)))
             seconds = started.wait()

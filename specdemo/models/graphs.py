@@ -1,10 +1,25 @@
 """Captured device programs: a function of fixed input tensors, captured once as a CUDA graph and replayed, so a
 round's hundreds of kernels cost one launch from the host. A program writes its results into output tensors made
 before its capture, so graphs of one model can share one memory pool for their intermediates and replay in any
-order on one stream."""
+order on one stream.
+
+One capture at a time, and no other device work beside it: PyTorch forbids other CUDA work during a capture (a
+device-wide synchronize, or work on the default stream, in one thread breaks another thread's capture). So every
+piece of device work in a thread takes DEVICE_WORK, one reentrant lock for the process: every capture (`capture`
+takes it, stand-ins included), every round and pass (the schedulers' `models_lock` is DEVICE_WORK; the fixed-shape
+passes and the head's steps take it again), the work a load does on the device (weights moved, kernels warmed,
+programs captured, pass costs measured) and emptying the allocator's cache. Files are read from disk without it.
+Rounds never synchronize the whole device: the host waits on an event recorded on its own stream (`wait`).
+
+Lock order, deadlock-free: DEVICE_WORK comes first. Under it, a model's own locks (FixedShapeModel.lock,
+ModelPools.lock, pools._POOLS_LOCK, head_steps' cache lock), none of which is held while DEVICE_WORK is asked for
+(FixedShapeModel's passes take DEVICE_WORK before their own lock; a capture inside them asks for it again, which a
+reentrant lock grants its holder at once). The locks held while asking for it (ModelCache's, whose evictions empty
+the cache, and its loading locks, around a load) are never asked for under it."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -22,14 +37,54 @@ from specdemo.models.platform import fork_safe
 GRAPHS_VARIABLE = "SPECDEMO_CUDA_GRAPHS"
 WARMUP_RUNS = 3  # eager runs on a side stream before a capture, as CUDA graphs need
 
-# One CUDA graph capture at a time in the process (they share a capture stream), and no allocator cache emptied
-# during one (empty_cache refuses while a capture is under way).
-GRAPH_CAPTURE = fork_safe(threading.Lock())
 
 Outputs = tuple[torch.Tensor, ...]
 
 
 log = logging.getLogger(__name__)
+
+
+class DeviceLock:
+    """A reentrant lock that counts the threads blocked waiting for it, and tells `changed` when that count moves
+    (tests wait on it to see another thread blocked rather than at work)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.changed = threading.Condition(threading.Lock())
+        self.waiting = 0  # threads blocked in acquire
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(blocking=False):
+            return True
+        if not blocking:
+            return False
+        self._count(+1)
+        try:
+            return self._lock.acquire(timeout=timeout)
+        finally:
+            self._count(-1)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exception: object) -> None:
+        self.release()
+
+    def _count(self, step: int) -> None:
+        with self.changed:
+            self.waiting += step
+            self.changed.notify_all()
+
+    def _at_fork_reinit(self) -> None:  # platform.fork_safe: free and uncounted in a forked child
+        self._lock._at_fork_reinit()  # type: ignore[attr-defined]
+        self.changed = threading.Condition(threading.Lock())
+        self.waiting = 0
+
+
+DEVICE_WORK = fork_safe(DeviceLock())  # the one lock for device work in the process (see the module's docstring)
 
 
 def uses_graphs(device: torch.device) -> bool:
@@ -54,19 +109,22 @@ class CaptureFailed(RuntimeError):
 def capture_failed(key: Hashable, error: BaseException, what: str) -> None:
     """A capture of `key` failed: under strict graphs, raise CaptureFailed; else one line in the log, and the caller
     runs `what` eagerly from then on."""
+    out_of_memory = isinstance(error, torch.OutOfMemoryError)
+    reason = f"out of memory twice, idle memory let go between: {error}" if out_of_memory else error
     if strict_graphs():
-        raise CaptureFailed(key, error) from error
-    log.warning("specdemo: %s without CUDA graphs: capturing %r failed (%s)", what, key, error)
+        raise CaptureFailed(key, reason) from error
+    log.warning("specdemo: %s without CUDA graphs: capturing %r failed (%s)", what, key, reason)
 
 
 def empty_cuda_cache() -> None:
-    """Give the allocator's unused blocks back to CUDA, between graph captures."""
-    with GRAPH_CAPTURE:
+    """Give the allocator's unused blocks back to CUDA, between graph captures (empty_cache refuses during one)."""
+    with DEVICE_WORK:
         torch.cuda.empty_cache()
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so that a timer around it measures the work and not its launch."""
+    """Wait for all of the device's queued work, so that a benchmark's timer measures the work and not its launch.
+    Device-wide: a capture in another thread would break, so rounds and loads `wait` instead."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
@@ -74,8 +132,10 @@ def synchronize(device: torch.device) -> None:
 
 
 def wait(device: torch.device) -> torch.cuda.Event | None:
-    """The host's one wait of a round: until everything queued on the device so far is done (on CUDA, an event
-    recorded now, returned for timing); nothing to wait for on the CPU."""
+    """The host waits until the work queued so far on its current stream is done: on CUDA, an event recorded there
+    (returned, for timing), never the whole device; on MPS, which captures nothing, the device; nothing on the CPU."""
+    if device.type == "mps":
+        torch.mps.synchronize()
     if device.type != "cuda":
         return None
     done = torch.cuda.Event(enable_timing=True)
@@ -102,25 +162,24 @@ class Program:
 
 class CapturedProgram(Program):
     """A Program captured as a CUDA graph: a replay launches the recorded kernels, which read `inputs` where they are
-    and leave results in `outputs`. Captures hold GRAPH_CAPTURE, so two models' captures and an emptied cache never
-    meet; `memory` is the graph pool the model's programs share."""
+    and leave results in `outputs`. It is made under DEVICE_WORK (`capture`), so no other device work meets its
+    capture; `memory` is the graph pool the model's programs share."""
 
     def __init__(self, run: Callable[..., Outputs], inputs: Sequence[torch.Tensor], memory: object) -> None:
         super().__init__(run, inputs)
         caller, side = torch.cuda.current_stream(), torch.cuda.Stream()
         self.graph = torch.cuda.CUDAGraph()
-        with GRAPH_CAPTURE:
-            side.wait_stream(caller)
-            try:
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_RUNS):  # the same writes the program makes anyway
-                        Program.replay(self)  # also makes the outputs, outside the graph's pool
-                with torch.cuda.graph(self.graph, pool=memory, capture_error_mode="thread_local"):
-                    for output, result in zip(self.outputs, self.run(*self.inputs), strict=True):
-                        output.copy_(result)
-            finally:  # a failed capture leaves its stream current: the eager run that follows uses the caller's
-                torch.cuda.set_stream(caller)
-                caller.wait_stream(side)
+        side.wait_stream(caller)
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):  # the same writes the program makes anyway
+                    Program.replay(self)  # also makes the outputs, outside the graph's pool
+            with torch.cuda.graph(self.graph, pool=memory, capture_error_mode="thread_local"):
+                for output, result in zip(self.outputs, self.run(*self.inputs), strict=True):
+                    output.copy_(result)
+        finally:  # a failed capture leaves its stream current: the eager run that follows uses the caller's
+            torch.cuda.set_stream(caller)
+            caller.wait_stream(side)
 
     def replay(self) -> Outputs:
         self.graph.replay()
@@ -176,15 +235,36 @@ class CheckedProgram(Program):
 
 
 def capture(run: Callable[..., Outputs], inputs: Sequence[torch.Tensor], memory: object) -> Program:
-    """The program captured as a CUDA graph; raises where it cannot be (no CUDA, a kernel that cannot be captured).
-    Under strict graphs on a device without CUDA, a CheckedProgram: the capture's checks, run eagerly."""
-    if _stand_in is not None:
-        return _stand_in(run, inputs, memory)
-    if not torch.cuda.is_available() or inputs[0].device.type != "cuda":
-        if strict_graphs():
-            return CheckedProgram(run, inputs)
-        raise RuntimeError("CUDA graphs need a CUDA device")
-    return CapturedProgram(run, inputs, memory)
+    """The program captured as a CUDA graph, holding DEVICE_WORK; raises where it cannot be (no CUDA, a kernel that
+    cannot be captured, out of memory). Under strict graphs on a device without CUDA, a CheckedProgram: the
+    capture's checks, run eagerly."""
+    with DEVICE_WORK:
+        if _stand_in is not None:
+            return _stand_in(run, inputs, memory)
+        if not torch.cuda.is_available() or inputs[0].device.type != "cuda":
+            if strict_graphs():
+                return CheckedProgram(run, inputs)
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        return CapturedProgram(run, inputs, memory)
+
+
+def capture_with_room(
+    run: Callable[..., Outputs], inputs: Sequence[torch.Tensor], memory: object, make_room: Callable[[], None]
+) -> Program:
+    """`capture`; where the device runs out of memory, `make_room()` (idle memory let go) and one more try."""
+    with DEVICE_WORK:  # nothing else runs between the two tries
+        try:
+            return capture(run, inputs, memory)
+        except torch.OutOfMemoryError:
+            make_room()
+            return capture(run, inputs, memory)
+
+
+def free_cached_memory(device: torch.device) -> None:
+    """What no tensor holds any more goes: reference cycles collected and, on CUDA, the allocator's cache emptied."""
+    gc.collect()
+    if device.type == "cuda":
+        empty_cuda_cache()
 
 
 _stand_in: Callable[..., Program] | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import socket
@@ -24,7 +23,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from specdemo.models.graphs import empty_cuda_cache, synchronize
+from specdemo.models.graphs import DEVICE_WORK, free_cached_memory, wait
 from specdemo.models.offline import OFFLINE_MODELS, Progress, offline_source
 from specdemo.models.passes import capture_at_load
 from specdemo.models.platform import on_zerogpu, zerogpu_memory_bytes
@@ -348,9 +347,7 @@ def device_memory(device: torch.device) -> tuple[int, int]:
 
 def release_device_memory(device: torch.device) -> None:
     """Give back what PyTorch's allocator holds but no tensor uses, after a pass ran out of memory."""
-    gc.collect()
-    if device.type == "cuda":
-        empty_cuda_cache()
+    free_cached_memory(device)
 
 
 def readable_bytes(size: float) -> str:
@@ -397,14 +394,22 @@ def load_model(
             f"Could not load the weights of '{name}' ({error.__class__.__name__}: {error})"[:300]
         ) from error
     attention_kinds(name, config)  # before any forward pass: a recurrent model is refused with one sentence
-    model = model.to(device).eval()
+    with DEVICE_WORK:  # the copy to the device, like any device work, never meets another thread's capture
+        model = model.to(device).eval()
     if not on_zerogpu():  # ZeroGPU: this process has no GPU, and spaces' CUDA emulation would run the passes on the
-        warm_up(model)  # CPU, slowly and warming nothing; each call's worker sets up its own kernels
-        captured = capture_at_load(model)
-        if captured:
-            progress(captured)
+        set_up_on_device(model, progress)  # CPU, slowly and warming nothing; each call's worker sets up its own
     progress(f"Loaded {name} in {time.perf_counter() - started:.1f} s.")
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device)
+
+
+def set_up_on_device(model: PreTrainedModel, progress: Progress) -> None:
+    """A model's first use on its device, holding DEVICE_WORK: kernels warmed, round programs captured where rounds
+    replay graphs (passes.capture_at_load, whose line goes to `progress`)."""
+    with DEVICE_WORK:
+        warm_up(model)
+        captured = capture_at_load(model)
+    if captured:
+        progress(captured)
 
 
 @torch.inference_mode()
@@ -415,7 +420,7 @@ def warm_up(model: PreTrainedModel) -> None:
     ids = torch.zeros(1, 8, dtype=torch.long, device=model.device)  # [1, 8]
     model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=8)
     model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True, logits_to_keep=1)
-    synchronize(model.device)
+    wait(model.device)
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

@@ -130,8 +130,9 @@ class MemoryPlan:
 
     @property
     def pool_bytes(self) -> int:
-        """What the target's groups may hold, leased and idle: a run's and the measurement's (models/pools.py)."""
-        return self.terms.get("keys and values", 0) + self.terms.get("cost measurement", 0)
+        """What the target's groups may hold, leased and idle: a run's and the measurement's keys and values, and the
+        buffers their seen rows and programs hold (models/pools.py counts each group's as made)."""
+        return sum(self.terms.get(term, 0) for term in ("keys and values", "cost measurement", "program buffers"))
 
 
 def plan_terms(

@@ -1,9 +1,10 @@
 """The keys and values of fixed-shape passes, kept for the process: groups of PASS_ROWS chain rows of one slot bucket,
 each with its captured programs, leased to a model's decoders while their rows decode and kept, when they empty, for
 the next run or request, up to IDLE_BYTES a model (the oldest idle groups go first). A model loaded for a pair holds
-all its groups, leased and idle, to its memory plan's bytes (models/memory.py): idle ones go first, and past that a
-new group is refused as the device would refuse it, out of memory. An evicted model's groups go with it
-(release_pools)."""
+all its groups, leased and idle, to its memory plan's bytes (models/memory.py's pool_bytes): each group's keys and
+values at the plan's figure per slot, and the buffers its seen rows and programs hold on the device as made. Idle
+groups go first, and past that a new group is refused as the device would refuse it, out of memory. An evicted model's
+groups go with it (release_pools)."""
 
 # R = PASS_ROWS chain rows, L = slots (a bucket), Hkv = key-value heads, d = head size, V = vocab_size
 
@@ -21,7 +22,8 @@ from specdemo.models.graphs import Program, memory_pool
 from specdemo.models.platform import fork_safe
 
 PASS_ROWS = 8  # R: chains per pass; a batch of up to 8 one-candidate rows (the app's) decodes in one pass
-IDLE_BYTES = 2 * 2**30  # idle groups kept per model: a 256-slot group of SmolLM2-135M's shape holds 35 MB in bfloat16
+IDLE_BYTES = 2 * 2**30  # idle groups kept per model, in device bytes (Group.nbytes): a 256-slot group of SmolLM2-135M's
+# shape holds 47 MB of keys and values in bfloat16, and 13 MB more where a pass program keeps its [R, n, V] logits
 
 
 @dataclass(eq=False)
@@ -48,8 +50,23 @@ class Group:
         return PASS_ROWS - len(self.free)
 
     @property
-    def nbytes(self) -> int:
+    def table_bytes(self) -> int:
+        """Keys and values, as the passes that wrote them made them."""
         return sum(table.nbytes for table in (*self.keys, *self.values))
+
+    @property
+    def buffer_bytes(self) -> int:
+        """What the group holds on the device beside its keys and values: its seen rows and every program's inputs
+        and outputs. Its staging buffers are the host's (pinned on CUDA), not counted here."""
+        seen = [] if self.seen is None else [self.seen]
+        programs = tuple(self.programs.values())  # one copy: a decoder may add a program to a leased group meanwhile
+        held = [tensor for program in programs for tensor in (*program.inputs, *program.outputs)]
+        return sum(tensor.nbytes for tensor in (*seen, *held))
+
+    @property
+    def nbytes(self) -> int:
+        """All the group holds on the device: keys, values, seen rows and its programs' inputs and outputs."""
+        return self.table_bytes + self.buffer_bytes
 
     def copy(self, source: int, other: Group, target: int, start: int, stop: int) -> None:
         """Keys and values of slots start..stop - 1 from row `source` here to row `target` of `other`, every layer."""
@@ -75,7 +92,8 @@ class ModelPools:
         self.groups: weakref.WeakSet[Group] = weakref.WeakSet()  # every group alive, leased or idle
 
     def limit(self, budget: int, slot_bytes: int) -> None:
-        """Hold all groups to `budget` bytes, a group of L slots taking L * slot_bytes (the memory plan's figures)."""
+        """Hold all groups to `budget` bytes, a group of L slots taking L * slot_bytes for its keys and values (the
+        memory plan's figures) and its buffers as made (Group.buffer_bytes)."""
         with self.lock:
             self.budget, self.slot_bytes = budget, slot_bytes
 
@@ -92,7 +110,8 @@ class ModelPools:
             return group
 
     def _make_room(self, slots: int) -> None:
-        """Idle groups go, oldest first, until a group of `slots` slots fits the budget; past that, out of memory."""
+        """Idle groups go, oldest first, until a group of `slots` slots fits the budget; past that, out of memory. A new
+        group's buffers are made at its programs' first use, and counted from then on."""
         if self.budget is None:
             return
         needed = slots * self.slot_bytes
@@ -107,13 +126,18 @@ class ModelPools:
             )
 
     def _held(self) -> int:
-        return sum(group.slots for group in self.groups) * self.slot_bytes
+        """Bytes the groups alive hold against the budget: keys and values at the plan's figure, buffers as made."""
+        return sum(group.slots * self.slot_bytes + group.buffer_bytes for group in self.groups)
 
     def give_back(self, group: Group) -> None:
-        """The group, empty now, waits for the next run; the oldest idle groups go past IDLE_BYTES."""
+        """The group, empty now, waits for the next run, the oldest idle groups going past IDLE_BYTES in all; a group
+        of more than IDLE_BYTES is not kept (its memory goes when its last holder lets it go)."""
         with self.lock:
+            if group.nbytes > IDLE_BYTES:
+                self.groups.discard(group)
+                return
             self.idle.append(group)
-            while len(self.idle) > 1 and sum(g.nbytes for g in self.idle) > IDLE_BYTES:
+            while sum(g.nbytes for g in self.idle) > IDLE_BYTES:
                 self.groups.discard(self.idle.pop(0))
 
     def forget_idle(self) -> None:

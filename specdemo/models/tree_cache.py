@@ -14,7 +14,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from specdemo.models.attention import min_gemm_rows, use_tree_attention
-from specdemo.models.graphs import synchronize
+from specdemo.models.graphs import DEVICE_WORK, wait
 from specdemo.models.layout import HOLE, PassPlan, RowRequest, TreeLayout
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -234,27 +234,28 @@ class TreeCachedModel(CachedModel):
         return arranged
 
     def _forward(self, plan: PassPlan) -> tuple[torch.Tensor, torch.Tensor | None]:  # [B, num_logits, V], [.., H]
-        tokens = torch.tensor(plan.tokens, dtype=torch.long, device=self.device)  # [B, n]
-        positions = torch.tensor(plan.positions, dtype=torch.long, device=self.device)  # [B, n]
-        masks = {
-            kind: plan.masks(self.sliding_window if kind == "sliding_attention" else None, self.device)
-            for kind in self.layer_kinds
-        }
-        self.cache.begin(plan, self.device)
-        started = time.perf_counter()
-        output = self.model(
-            input_ids=tokens.clamp(min=0),  # padding reads token 0 and is never attended to
-            position_ids=positions,
-            attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=plan.num_logits,
-            tree_pass=True,
-            output_hidden_states=self.keep_hidden_states,
-        )
-        synchronize(self.device)
-        self.last_forward_seconds = time.perf_counter() - started
-        self.forward_seconds += self.last_forward_seconds
-        if not self.keep_hidden_states:
-            return output.logits, None
-        return output.logits, self.read_hidden(output.hidden_states, plan.num_logits)
+        with DEVICE_WORK:  # as all device work in a thread (models/graphs.py)
+            tokens = torch.tensor(plan.tokens, dtype=torch.long, device=self.device)  # [B, n]
+            positions = torch.tensor(plan.positions, dtype=torch.long, device=self.device)  # [B, n]
+            masks = {
+                kind: plan.masks(self.sliding_window if kind == "sliding_attention" else None, self.device)
+                for kind in self.layer_kinds
+            }
+            self.cache.begin(plan, self.device)
+            started = time.perf_counter()
+            output = self.model(
+                input_ids=tokens.clamp(min=0),  # padding reads token 0 and is never attended to
+                position_ids=positions,
+                attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=plan.num_logits,
+                tree_pass=True,
+                output_hidden_states=self.keep_hidden_states,
+            )
+            wait(self.device)
+            self.last_forward_seconds = time.perf_counter() - started
+            self.forward_seconds += self.last_forward_seconds
+            if not self.keep_hidden_states:
+                return output.logits, None
+            return output.logits, self.read_hidden(output.hidden_states, plan.num_logits)

@@ -28,6 +28,7 @@ TINY_RUNS = [  # (benchmark, its options on the tiny model); PROMPTS and HEAD st
     ("text_speed", "--texts 4 --new-tokens 16 --settings float32:2 float32:4:plain"),
     ("text_speed", "--texts 4 --sampler --settings float32:2"),
     ("cuda_graphs", "--steps 3 --repeats 1 --prompt-tokens 8 --compile-check"),
+    ("round_kernels", "--smoke"),
     ("coupled", "identity --max-new-tokens 3"),
     ("coupled", "cost --prompts PROMPTS --seeds 2 --max-new-tokens 6 --num-draft-tokens 3"),
 ]

@@ -116,7 +116,7 @@ def counted_bytes(target_name: str, dtype: torch.dtype, limits: RunLimits, pool_
         runs = FixedShapeModel(model)
         runs.logits(rows_of(MAX_BATCH_ROWS, limits.tokens, limits.chains // MAX_BATCH_ROWS, long_first=True))
         assert len(runs.leased) == limits.groups and {g.slots for g in runs.leased} == {limits.slots}
-        other_layers = (shape.layers - 1) * sum(group.nbytes for group in pools_for(model).groups)
+        other_layers = (shape.layers - 1) * sum(group.table_bytes for group in pools_for(model).groups)
     for row in range(MAX_BATCH_ROWS):
         runs.drop(row)
     pools_for(model).forget_idle()
@@ -144,7 +144,11 @@ def test_a_groups_bytes_are_what_its_pass_allocates():
     passes = FixedShapeModel(meta_model(name, dtype))
     passes.logits(rows_of(MAX_BATCH_ROWS, 2047, 3, long_first=False))
     assert len(passes.leased) == 3 and {g.slots for g in passes.leased} == {2048}
-    assert [g.nbytes for g in passes.leased] == [MODEL_SHAPES[name].group_bytes(2048, dtype)] * 3 == [3_221_225_472] * 3
+    assert (
+        [g.table_bytes for g in passes.leased]
+        == [MODEL_SHAPES[name].group_bytes(2048, dtype)] * 3
+        == [3_221_225_472] * 3
+    )
     for row in range(MAX_BATCH_ROWS):
         passes.drop(row)
     pools_for(passes.model).forget_idle()

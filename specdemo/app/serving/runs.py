@@ -34,6 +34,7 @@ from specdemo.engine.decoding import BatchDecoder
 from specdemo.engine.drafting import build_drafter
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.engine.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
+from specdemo.models.graphs import DeviceLock
 from specdemo.models.loading import (
     OFFLINE_DEFAULT,
     LoadedModel,
@@ -111,7 +112,7 @@ class Server:
         return cls(cache, Schedulers(), Downloads(), sweep, device_line=line, left_out=left_out, **limits)
 
     @property
-    def models_lock(self) -> threading.Lock:
+    def models_lock(self) -> DeviceLock:
         return self.schedulers.models_lock
 
     def check_runnable(self, pair: Pair, dtype: torch.dtype | None = None) -> None:
@@ -146,15 +147,16 @@ class Server:
                 measure_for_sharing(target, report)
         encoded = []
         for number, text in enumerate(prompts, start=1):
-            prompt_ids = chat_prompt_ids(target, text, chat=request.chat)  # [1, T]
+            with self.models_lock:  # its copy to the device and back is device work (models/graphs.py)
+                prompt_ids = chat_prompt_ids(target, text, chat=request.chat)[0].tolist()
             try:
-                check_prompt_fits(prompt_ids.shape[1], request.speculative.max_new_tokens, target.context_length)
-                tokens = prompt_ids.shape[1] + request.speculative.max_new_tokens
+                check_prompt_fits(len(prompt_ids), request.speculative.max_new_tokens, target.context_length)
+                tokens = len(prompt_ids) + request.speculative.max_new_tokens
                 candidates = len(prompts) * request.speculative.num_candidates
                 check_run_limits(request.pair, target.device, target.model.dtype, tokens, candidates, "this run")
             except ValueError as error:
                 raise ValueError(f"Prompt {number}: {error}" if len(prompts) > 1 else str(error)) from None
-            encoded.append(prompt_ids[0].tolist())
+            encoded.append(prompt_ids)
         ready = time.monotonic()
         budget = budget_seconds(call_seconds(request), ready - started) if ON_ZEROGPU else self.budget_seconds
         return Run(request, target, draft, encoded, self.schedulers, ready + budget, stop, budget)

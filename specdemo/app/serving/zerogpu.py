@@ -26,8 +26,7 @@ import gradio as gr
 import torch
 
 from specdemo.app.serving.messages import every_failure_said, loading, user_error
-from specdemo.models.loading import LoadedModel, Progress, warm_up
-from specdemo.models.passes import capture_at_load
+from specdemo.models.loading import LoadedModel, Progress, set_up_on_device
 from specdemo.models.platform import on_zerogpu
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR, PAIRS_BY_KEY, Pair, load_pair
@@ -181,14 +180,12 @@ _SET_UP: set[int] = set()  # the models this process has set up, by id: a worker
 
 def set_up_in_worker(models: list[LoadedModel], progress: Progress) -> None:
     """In a ZeroGPU call's worker, the first use of `models` there (a one-token step that warms the kernels, the round
-    programs captured), which load_model does where the process has a GPU of its own; once per worker."""
+    programs captured, holding graphs.DEVICE_WORK), which load_model does where the process has a GPU of its own; once
+    per worker."""
     fresh = {id(loaded.model): loaded for loaded in models if id(loaded.model) not in _SET_UP}
     for key, loaded in fresh.items():
         progress(f"Setting {loaded.name} up on the lent GPU (once per worker)...")
-        warm_up(loaded.model)
-        captured = capture_at_load(loaded.model)
-        if captured:
-            progress(captured)
+        set_up_on_device(loaded.model, progress)
         _SET_UP.add(key)
 
 

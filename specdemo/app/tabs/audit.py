@@ -449,7 +449,8 @@ def run_model_audit(
         num_candidates=request.num_candidates,
         draft_temperature=pair.draft_temperature,
     )
-    prompt_ids = chat_prompt_ids(target, request.prompt)[0].tolist()
+    with server.models_lock:  # the prompt goes to the device and back: never beside another thread's capture
+        prompt_ids = chat_prompt_ids(target, request.prompt)[0].tolist()
     state: dict = {"done": 0.0}
     audit = partial(
         model_audit,
