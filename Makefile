@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-local.txt | cksum | cut -d' ' -f1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install chromium demo test test-fast test-gpu lint bench space
+.PHONY: install chromium demo test test-fast test-gpu test-gpu-figures test-gpu-rest lint bench space
 
 # The tests' OpenMP workers spin at most 2,000 times while they wait, not libgomp's 300,000: beside another process
 # that keeps both cores busy, spinning workers wait on descheduled ones and a test file took 12 times as long
@@ -49,6 +49,14 @@ test-fast: install
 # SPECDEMO_GPU_TEST_DEVICE=cpu make test-gpu runs the same file on the CPU as a dry run.
 test-gpu: install
 	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest -m gpu -rs tests/test_gpu.py
+
+# The same checks in the two parts the device tool runs, one call each (docs/gpu-check.md, tools/gpu/run.sh there):
+# the speed figures, and the rest.
+test-gpu-figures: install
+	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest -m "gpu and figures" -rs tests/test_gpu.py
+
+test-gpu-rest: install
+	GRADIO_ANALYTICS_ENABLED=False $(PY) -m pytest -m "gpu and not figures" -rs tests/test_gpu.py
 
 bench: install
 	$(PY) -m specdemo bench

@@ -3,10 +3,14 @@ image ships them, no Gradio, no network, no install), or `make test-gpu`. Every 
 bfloat16 against the target alone (and batched against alone), sampled runs of every kind at W = 1 and W = 3, the rule's
 distribution on CUDA generators, training, the model audit, speed (our target-only decoding against HF
 `generate` with its default and its compiled static cache, the suffix pair against HF prompt lookup, the hybrid against
-our target-only, B = 8 against B = 1, graph captures); one table at the end, also written to test-artifacts/gpu.json
-(or $SPECDEMO_GPU_ARTIFACTS). Without the offline weights the target is random weights of SmolLM2-135M's shape, with a
-random recurrent head: random weights have more near-ties, so identity is harder. SPECDEMO_GPU_TEST_DEVICE=cpu runs the
-same file on the CPU with a small random model, fixed-shape passes forced: a dry run of the GPU's code paths."""
+our target-only, B = 8 against B = 1, graph captures, the fused round); one table at the end, also written to
+test-artifacts/gpu.json (or $SPECDEMO_GPU_ARTIFACTS). The whole file runs under strict graphs (a program that cannot be
+captured fails its test) in the format the app serves on the device. Tests marked `figures` are the speed figures, one
+command of the device tool (`-m "gpu and figures"`), the rest another (`-m "gpu and not figures"`; tools/gpu/run.sh,
+docs/gpu-check.md). Each test's outcome and seconds are in gpu-progress.json as soon as it ends, so a run cut short
+still reports. Without the offline weights the target is random weights of SmolLM2-135M's shape, with a random
+recurrent head: random weights have more near-ties, so identity is harder. SPECDEMO_GPU_TEST_DEVICE=cpu runs the same
+file on the CPU with a small random model, fixed-shape passes forced: a dry run of the GPU's code paths."""
 
 # B = rows, K = num_draft_tokens, W = num_candidates, V = vocab_size, N = rows of a distribution test
 
@@ -17,6 +21,7 @@ import json
 import os
 import platform
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -25,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from benchmarks.cuda_graphs import SMOLLM2_135M  # random weights of its shape: near-ties and cost as the real one
@@ -38,21 +44,32 @@ from specdemo.core.verify import rejection_sample
 from specdemo.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, NoDrafter, SuffixDrafter
 from specdemo.drafters.head import RecurrentHead
 from specdemo.drafters.head_file import cached_head, head_path
+from specdemo.drafters.head_steps import steps_for
 from specdemo.drafters.recurrent import RecurrentDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, batch_generate, speculative_generate
-from specdemo.models import graphs, passes
-from specdemo.models.fixed_shape import FixedShapeModel
+from specdemo.models import fusion, graphs, passes
+from specdemo.models.fixed_shape import FixedShapeModel, slot_bucket
 from specdemo.models.graphs import synchronize
-from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, chat_prompt_ids, load_model
+from specdemo.models.loading import (
+    OFFLINE_DEFAULT,
+    LoadedModel,
+    chat_prompt_ids,
+    compute_capability,
+    load_model,
+    resolve_dtype,
+)
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
+from specdemo.models.pools import pools_for, release_pools
 from specdemo.models.tree_cache import TreeCachedModel
 from tests.helpers import FREE, hf_greedy, tiny_model, train_tiny_head
 from tests.models.test_fixed_shape import stepped_logits, verified_logits
+from tools.gpu.table import table
 
 DEVICE_VARIABLE = "SPECDEMO_GPU_TEST_DEVICE"
 DEVICE = torch.device(os.environ.get(DEVICE_VARIABLE) or "cuda")
 ON_CUDA = DEVICE.type == "cuda"
-DTYPE = torch.bfloat16 if ON_CUDA else torch.float32  # the serving format on a GPU; the dry run's CPU may lack bf16
+# What the app serves on the device (auto: bfloat16 on an H100, float16 on a T4); the dry run keeps float32
+DTYPE = resolve_dtype("auto", DEVICE) if ON_CUDA and torch.cuda.is_available() else torch.float32
 WEIGHTS_VARIABLE = "SPECDEMO_GPU_TEST_WEIGHTS"  # offline or random; default: offline on CUDA where they are installed
 ARTIFACTS = Path(os.environ.get("SPECDEMO_GPU_ARTIFACTS") or Path(__file__).resolve().parent.parent / "test-artifacts")
 DRY_RUN_SHAPE = dict(SMOLLM2_135M, vocab_size=512, hidden_size=72, intermediate_size=128, num_hidden_layers=2)
@@ -60,6 +77,7 @@ KINDS = ("ngram", "suffix", "model", "self", "recurrent", "hybrid")  # self: the
 NEW_TOKENS = 48 if ON_CUDA else 12
 NUM_DRAFT_TOKENS = 16  # the deepest chain: every column of a fixed-shape pass is verified
 GREEDY, SAMPLED = SamplingConfig(), SamplingConfig(temperature=0.8, top_p=0.95)
+FILTERED = replace(SAMPLED, top_k=40, repetition_penalty=1.2)  # a sampled row with every setting a round applies
 RESULTS: dict[str, dict] = {}  # what the table at the end shows, filled by the tests as they run
 
 pytestmark = [
@@ -70,13 +88,67 @@ pytestmark = [
 ]
 
 
+def selected(config: pytest.Config) -> bool:
+    """The run asked for GPU work: `-m gpu`, or an expression naming it (`-m "gpu and figures"`)."""
+    return re.search(r"\bgpu\b", config.getoption("markexpr")) is not None
+
+
 @pytest.fixture(autouse=True)
 def only_when_selected(request, monkeypatch):
     """GPU work runs under `-m gpu` only, never as part of `make test` on a machine that has a GPU; the dry run on
-    the CPU takes the GPU's fixed-shape passes."""
-    if request.config.getoption("markexpr") != "gpu":
+    the CPU takes the GPU's fixed-shape passes. Graphs are strict unless a test sets them: a program that cannot be
+    captured fails the test that runs it (on the CPU, a read back to the host inside a program does)."""
+    if not selected(request.config):
         pytest.skip("GPU tests run only when selected: make test-gpu (pytest -m gpu)")
     monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(graphs.GRAPHS_VARIABLE, "strict")
+
+
+class Progress:
+    """A pytest plugin for the file's run: each test's outcome and seconds into gpu-progress.json as it ends, and on
+    the CPU the model forwards it ran (what the GPU's time is estimated from: docs/gpu-check.md)."""
+
+    def __init__(self) -> None:
+        self.forwards = 0
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or report.outcome != "passed":  # a failed or skipped set-up says so too
+            name, outcome = report.nodeid.split("::")[-1], report.outcome if report.when == "call" else "error"
+            outcome = "skipped" if report.skipped else outcome
+            forwards = "" if ON_CUDA else f", {self.forwards} model forwards"
+            record("tests", **{name: f"{outcome} in {report.duration:.1f} s{forwards}"})
+            self.forwards = 0
+
+    def count(self, module: torch.nn.Module, _: object) -> None:
+        if not torch.compiler.is_compiling():  # a compiled forward would guard on the count and recompile at each
+            self.forwards += isinstance(module, PreTrainedModel) and module is not module.base_model  # a whole model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def progress(request):
+    """The versions first, then each test's outcome as it ends (Progress): a run cut short still reports."""
+    if not selected(request.config):
+        yield
+        return
+    record("versions", **versions())
+    plugin = Progress()
+    request.config.pluginmanager.register(plugin, "specdemo-gpu-progress")
+    # every model's forward, counted on the CPU only: a global hook would be traced by torch.compile on the GPU
+    hook = None if ON_CUDA else torch.nn.modules.module.register_module_forward_pre_hook(plugin.count)
+    yield
+    if hook is not None:
+        hook.remove()
+    request.config.pluginmanager.unregister(plugin)
+
+
+def versions() -> dict[str, str]:
+    """What the figures were measured with: the table's first lines."""
+    found = dict(device=describe_device(), python=platform.python_version(), torch=torch.__version__,
+                 transformers=transformers.__version__, cuda=str(torch.version.cuda),
+                 dtype=str(DTYPE).removeprefix("torch."))  # fmt: skip
+    if ON_CUDA:
+        found["cc"] = compute_capability(DEVICE)
+    return found
 
 
 @dataclass
@@ -116,6 +188,13 @@ def random_prompts(vocab_size: int, count: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def subject() -> Subject:
+    """The offline model where its weights are here (on CUDA), else random weights; named in the table's first line."""
+    made = make_subject()
+    record("setup", target=made.name)
+    return made
+
+
+def make_subject() -> Subject:
     shape = SMOLLM2_135M if ON_CUDA else DRY_RUN_SHAPE
     draft = random_model(dict(shape, num_hidden_layers=1), seed=2)
     if use_offline_weights():
@@ -129,7 +208,8 @@ def subject() -> Subject:
     model = random_model(shape, seed=1)
     torch.manual_seed(3)
     head = RecurrentHead(model, torch.arange(min(8192, shape["vocab_size"]), device=DEVICE)).to(DEVICE, DTYPE).eval()
-    name = f"random weights of SmolLM2-135M's shape ({'bfloat16' if ON_CUDA else 'small, float32'})"
+    described = str(DTYPE).removeprefix("torch.") if ON_CUDA else "small, float32"
+    name = f"random weights of SmolLM2-135M's shape ({described})"
     return Subject(name, model, frozenset(), random_prompts(shape["vocab_size"], 4), head, draft)
 
 
@@ -155,37 +235,93 @@ def record(kind: str, **values: object) -> None:
     (ARTIFACTS / "gpu-progress.json").write_text(json.dumps(RESULTS, indent=1, default=str))
 
 
+@pytest.mark.figures
 def test_the_target_and_its_passes_are_on_the_device(subject):
     assert subject.model.device.type == DEVICE.type and subject.model.dtype == DTYPE
     decoder = BatchDecoder(subject.model, NoDrafter(), subject.eos)
     assert isinstance(decoder.verifier, FixedShapeModel)
-    record("setup", target=subject.name, device=describe_device(), torch=torch.__version__)
 
 
+def decoded(subject: Subject, drafter: Drafter, prompt: list[int], sampling: SamplingConfig,
+            spec: SpeculativeConfig) -> tuple[list[int], FixedShapeModel]:  # fmt: skip
+    """One row decoded round by round on a fresh decoder: its new ids, and the decoder's passes."""
+    decoder = BatchDecoder(subject.model, drafter, subject.eos)
+    decoder.add(0, prompt, sampling, spec)
+    rounds = []
+    while decoder.rows:
+        for _, outcome in decoder.step():
+            assert not isinstance(outcome, Exception), outcome
+            rounds.append(outcome)
+    return emitted_ids(rounds), decoder.verifier
+
+
+@pytest.mark.figures
 def test_passes_replay_cuda_graphs_and_give_the_eager_text(subject, monkeypatch):
-    """On CUDA every round of one-candidate rows replays a captured program (models/fixed_shape.py), captured at load
-    (capture_at_load, timed) and kept for the process; the text is the text of eager programs. The dry run asks for
-    graphs too: its failed capture decodes eagerly."""
-    prompt = torch.tensor([subject.prompts[1]], device=DEVICE)
+    """Every round of one-candidate rows replays a captured program (models/fixed_shape.py), the greedy and sampled
+    ones captured at load (capture_at_load, timed) and kept for the process; the text is the eager programs' text: a
+    greedy row drafted by n-grams, and a sampled one with top-k, top-p and a repetition penalty, with graphs strict and
+    off (SPECDEMO_CUDA_GRAPHS=0). The dry run's strict captures are checked programs (graphs.CheckedProgram)."""
     spec = SpeculativeConfig(num_draft_tokens=8, max_new_tokens=NEW_TOKENS)
-    texts = {}
-    for on in ("0", "1"):
+    texts: dict[tuple[str, str], list[int]] = {}
+    for on in ("0", "strict"):
         monkeypatch.setenv(graphs.GRAPHS_VARIABLE, on)
-        if on == "1":
+        if on == "strict":
             at_load = passes.capture_at_load(subject.model)
-        decoder = BatchDecoder(subject.model, NgramDrafter(), subject.eos)
-        decoder.add(0, prompt[0].tolist(), GREEDY, spec)
-        rounds = []
-        while decoder.rows:
-            rounds += [round_ for _, round_ in decoder.step()]
-        texts[on] = emitted_ids(rounds)
-    assert texts["1"] == texts["0"]
-    pools = decoder.verifier.pools
-    assert bool(pools.captures) == ON_CUDA and decoder.verifier.replays_graphs == ON_CUDA
-    assert decoder.verifier.capture_seconds == 0 or not ON_CUDA  # the run replayed what the load captured
-    record(
-        "setup", graphs=at_load or "eager (no CUDA)", captures=f"{len(pools.captures)} in {pools.capture_seconds:.2f} s"
-    )
+        for name, sampling in (("greedy", GREEDY), ("sampled", replace(FILTERED, seed=3))):
+            texts[on, name], verifier = decoded(subject, NgramDrafter(), subject.prompts[1], sampling, spec)
+            if on == "strict" and name == "greedy":
+                assert verifier.capture_seconds == 0 or not ON_CUDA  # the run replayed what the load captured
+    assert texts["strict", "sampled"] == texts["0", "sampled"], "a sampled row's text differs with graphs on and off"
+    assert texts["strict", "greedy"] == texts["0", "greedy"]
+    pools = pools_for(subject.model)
+    assert pools.captures and verifier.replays_graphs
+    record("setup", graphs=at_load or "checked programs (no CUDA)",
+           captures=f"{len(pools.captures)} in {pools.capture_seconds:.2f} s")  # fmt: skip
+
+
+# Each program kind the file runs, as the target's captures name their modes (models/fixed_shape.py: ("pass", hidden
+# layers) or ("round", hidden layers, sampled, penalty, a sampled draft's q)). Top-k and top-p are a row's settings
+# inside the sampled round, not modes of their own: their rows run in the sampled and penalty rounds.
+ROUND_KINDS: dict[str, Callable[[tuple], bool]] = {
+    "greedy round": lambda mode: mode[0] == "round" and not mode[2],
+    "sampled round (top-k, top-p)": lambda mode: mode[0] == "round" and mode[2],
+    "penalty round": lambda mode: mode[0] == "round" and mode[3],
+    "sampled draft's q": lambda mode: mode[0] == "round" and mode[4],
+    "hidden states": lambda mode: bool(mode[1]),
+    "W > 1 pass": lambda mode: mode[0] == "pass",
+}
+HEAD_KINDS = ("greedy", "sampled")  # the recurrent head's steps (drafters/head_steps.py), keyed by their rule
+
+
+def captured_kinds(subject: Subject) -> dict[str, int]:
+    """How many captured programs of each kind the target's pools and its head's steps hold."""
+    modes = [mode for mode, _ in pools_for(subject.model).captures]
+    found = {kind: sum(map(test, modes)) for kind, test in ROUND_KINDS.items()}
+    head = steps_for(subject.head, subject.model.get_output_embeddings().weight.shape[0])
+    for rule in HEAD_KINDS:  # a key is ((rule, W, K), rows, captured)
+        found[f"head's {rule} steps"] = sum(key[0][0] == rule and key[2] for key in head.programs)
+    return found
+
+
+@pytest.mark.figures
+def test_every_program_kind_is_captured(subject):
+    """Under strict graphs, a short run of each kind: greedy and sampled target-only (top-p; top-k with a repetition
+    penalty), a draft model's sampled q, the recurrent head greedy and sampled (hidden states, its steps), n-grams at
+    W = 3 (the pass). Every kind is then among the captures, with the seconds all captures and compiles took."""
+    short = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=8)
+    runs = [(None, GREEDY, short), (None, replace(SAMPLED, seed=1), short), (None, replace(FILTERED, seed=2), short),
+            ("model", replace(SAMPLED, seed=3), short), ("recurrent", GREEDY, short),
+            ("recurrent", replace(SAMPLED, seed=4), short),
+            ("ngram", GREEDY, replace(short, num_candidates=3))]  # fmt: skip
+    for kind, sampling, spec in runs:
+        drafter = NoDrafter() if kind is None else drafter_for(kind, subject)
+        decoded(subject, drafter, subject.prompts[0], sampling, spec)
+    found = captured_kinds(subject)
+    pools = pools_for(subject.model)
+    record("setup", captured_kinds=found, capture_seconds=round(pools.capture_seconds, 2),
+           compile_seconds=round(fusion.compile_seconds(subject.model), 2))  # fmt: skip
+    missing = [kind for kind, count in found.items() if not count]
+    assert not missing, f"program kinds never captured: {missing} (captures: {pools.captures})"
 
 
 def describe_device() -> str:
@@ -281,13 +417,14 @@ def test_greedy_speculative_text_is_target_only_text_alone_and_batched(subject, 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_sampled_runs_work_stepped_replayed_and_batched(subject, kind):
-    """Sampled (T = 0.8, top-p 0.95) at W = 1 and W = 3, one round a step as Next round takes them: no error, and the
-    same seed gives the same rounds again (tokens and draws); three rows batched with batch_generate."""
+    """Sampled (T = 0.8, top-p 0.95, top-k 40, repetition penalty 1.2) at W = 1 and W = 3, one round a step as Next
+    round takes them: no error, and the same seed gives the same rounds again (tokens and draws); three rows batched
+    with batch_generate, one without top-k or a penalty beside two with them."""
     runs, failures = 0, []
     for width in (1, 3):
         spec = SpeculativeConfig(num_draft_tokens=5, max_new_tokens=NEW_TOKENS // 2, num_candidates=width)
         for seed in (0,):
-            sampling = replace(SAMPLED, seed=seed)
+            sampling = replace(FILTERED, seed=seed)
             prompt_ids = torch.tensor([subject.prompts[seed]], device=DEVICE)
             try:
                 first = list(speculative_generate(subject.model, drafter_for(kind, subject), prompt_ids, sampling,
@@ -302,7 +439,7 @@ def test_sampled_runs_work_stepped_replayed_and_batched(subject, kind):
                 failures.append(f"W={width} seed={seed}: {error.__class__.__name__}: {str(error)[:160]}")
             runs += 1
         try:
-            samplings = [replace(SAMPLED, seed=s) for s in range(3)]
+            samplings = [replace(SAMPLED if s == 0 else FILTERED, seed=s) for s in range(3)]
             list(batch_generate(subject.model, drafter_for(kind, subject), subject.prompts[:3], samplings, spec,
                                 subject.eos, 3))  # fmt: skip
         except Exception as error:
@@ -332,27 +469,32 @@ def test_the_coupled_noise_is_the_same_bits_on_the_device():
     assert on_cpu.equal(on_device) and same_choices
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_coupled_sampled_text_is_target_only_text(subject, kind):
-    """The coupled rule at T = 0.8, top-p 0.95: K = 16 at W = 1 and W = 3, every prompt with two seeds as rows of one
-    batch, against each row's target-only coupled text decoded alone."""
+def coupled_texts(subject: Subject, drafter: Drafter, spec: SpeculativeConfig, batch_size: int) -> list[list[int]]:
+    """Every prompt with two seeds under the coupled rule, `batch_size` rows at a time: each row's new ids."""
     rows = [replace(SAMPLED, rule="coupled", seed=seed) for seed in range(2) for _ in subject.prompts]
     prompts = [prompt for _ in range(2) for prompt in subject.prompts]
-    base = SpeculativeConfig(max_new_tokens=NEW_TOKENS)
+    out: dict[int, list[int]] = {}
+    for index, round_ in batch_generate(subject.model, drafter, prompts, rows, spec, subject.eos, batch_size):
+        out.setdefault(index, []).extend(round_.emitted_token_ids)
+    return [out[i] for i in range(len(rows))]
 
-    def texts(drafter: Drafter, spec: SpeculativeConfig, batch_size: int) -> list[list[int]]:
-        out: dict[int, list[int]] = {}
-        for index, round_ in batch_generate(subject.model, drafter, prompts, rows, spec, subject.eos, batch_size):
-            out.setdefault(index, []).extend(round_.emitted_token_ids)
-        return [out[i] for i in range(len(rows))]
 
-    alone = texts(NoDrafter(), base, 1)
+@pytest.fixture(scope="module")
+def coupled_alone(subject) -> list[list[int]]:
+    """Each coupled row's target-only text, decoded alone (once for every kind)."""
+    return coupled_texts(subject, NoDrafter(), SpeculativeConfig(max_new_tokens=NEW_TOKENS), 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_coupled_sampled_text_is_target_only_text(subject, coupled_alone, kind):
+    """The coupled rule at T = 0.8, top-p 0.95: K = 16 at W = 1 and W = 3, every prompt with two seeds as rows of one
+    batch, against each row's target-only coupled text decoded alone."""
     identical, compared = 0, 0
     for width in (1, 3):
-        spec = replace(base, num_draft_tokens=NUM_DRAFT_TOKENS, num_candidates=width)
-        got = texts(drafter_for(kind, subject), spec, len(rows))
-        identical += sum(a == b for a, b in zip(got, alone, strict=True))
-        compared += len(rows)
+        spec = SpeculativeConfig(num_draft_tokens=NUM_DRAFT_TOKENS, max_new_tokens=NEW_TOKENS, num_candidates=width)
+        got = coupled_texts(subject, drafter_for(kind, subject), spec, len(coupled_alone))
+        identical += sum(a == b for a, b in zip(got, coupled_alone, strict=True))
+        compared += len(coupled_alone)
     record(kind, coupled_identical=f"{identical}/{compared}")
     assert identical == compared
 
@@ -630,6 +772,7 @@ def texts_differing(timings: Timings, name: str, reference: str, prompts: list[B
     return [prompt.name for prompt, got, expected in pairs if got.token_ids != expected.token_ids]
 
 
+@pytest.mark.figures
 def test_the_suffix_pair_against_hf_prompt_lookup_on_grounded_prompts(subject):
     """The suffix pair ≥ 2× HF prompt lookup (K = 16 both) on the grounded prompts, with our target-only
     decoding beside; ms per token, tokens per pass and ms per pass (our round) of each, medians of interleaved runs.
@@ -687,14 +830,26 @@ def decode_all(subject: Subject, kind: str | None, prompts: list[list[int]], bat
     return [emitted_ids(rounds[index]) for index in range(len(prompts))], time.perf_counter() - started
 
 
+def one_bucket_prompts(subject: Subject, count: int) -> tuple[list[list[int]], int, int]:
+    """`count` speed prompts whose rows all take one slot bucket (prompt and SPEED_TOKENS new tokens), so that B = 8
+    is one group's round: the bucket most of them share, its prompts repeated in turn where fewer than `count` share
+    it. The bucket, and how many prompts differ."""
+    ids = [speed_prompt_ids(subject, prompt) for prompt in SPEED_PROMPTS]
+    buckets = [slot_bucket(len(prompt) + SPEED_TOKENS) for prompt in ids]
+    bucket = statistics.mode(buckets)
+    chosen = [prompt for prompt, its in zip(ids, buckets, strict=True) if its == bucket]
+    return [chosen[i % len(chosen)] for i in range(count)], bucket, len(chosen)
+
+
+@pytest.mark.figures
 def test_eight_rows_together_against_one_row_at_a_time(subject):
-    """B = 8 ≥ 5× the tokens a second of B = 1. Eight prompts decoded by batch_generate 8 rows at a time and
-    one at a time, target-only and suffix (K = 16), interleaved after a short warm-up, medians of 2 on a GPU. Every
-    row's text is its target-only text alone, whichever way it was decoded."""
-    prompts = [speed_prompt_ids(subject, prompt) for prompt in SPEED_PROMPTS[:4] + SPEED_PROMPTS[6:10]]
+    """B = 8 ≥ 5× the tokens a second of B = 1. Eight prompts of one slot bucket decoded by batch_generate 8 rows at a
+    time and one at a time, target-only and suffix (K = 16), interleaved after a warm-up of each way (its programs
+    captured), medians of 2 on a GPU. Every row's text is its target-only text alone, whichever way it was decoded."""
+    prompts, bucket, distinct = one_bucket_prompts(subject, 8)
     ways = [(kind, batch_size) for kind in (None, "suffix") for batch_size in (8, 1)]
     for kind, batch_size in ways:
-        decode_all(subject, kind, prompts, batch_size, max_new_tokens=4)  # warm-up
+        decode_all(subject, kind, prompts[:batch_size], batch_size, SPEED_TOKENS)  # warm-up: this bucket's programs
     seconds: dict[tuple, list[float]] = {way: [] for way in ways}
     texts: dict[tuple, list[list[int]]] = {}
     for repeat in range(2 if ON_CUDA else 1):
@@ -702,7 +857,7 @@ def test_eight_rows_together_against_one_row_at_a_time(subject):
             texts[kind, batch_size], elapsed = decode_all(subject, kind, prompts, batch_size, SPEED_TOKENS)
             seconds[kind, batch_size].append(elapsed)
     speed = {way: sum(map(len, texts[way])) / statistics.median(seconds[way]) for way in ways}
-    figures = {}
+    figures: dict[str, object] = {"slots": bucket, "prompts": f"{distinct} distinct of 8"}
     for kind in (None, "suffix"):
         name, together, alone = kind or "target-only", speed[kind, 8], speed[kind, 1]
         figures[f"{name} B = 8 tokens/s"], figures[f"{name} B = 1 tokens/s"] = round(together, 1), round(alone, 1)
@@ -713,6 +868,7 @@ def test_eight_rows_together_against_one_row_at_a_time(subject):
     assert not differing, f"(kind, batch size), prompt index whose text differs from target-only alone: {differing}"
 
 
+@pytest.mark.figures
 def test_a_second_run_captures_no_new_graph(subject, monkeypatch):
     """Graphs are kept for the process, so a second run of the same shape captures nothing. Two identical
     suffix runs (K = 16) on fresh decoders, as two requests make them: the CUDA graphs each captured, counted at
@@ -798,6 +954,45 @@ def test_the_speed_table_on_the_bench_prompts(subject):
     assert not differing, f"speculative text differs from our target-only text on {differing}"
 
 
+def fused_round_timed(subject: Subject, fused: str) -> tuple[Timed, float]:
+    """Our target-only decoding of the first prompt with SPECDEMO_FUSED_ROUND=`fused`, on programs made afresh (the
+    model's kept programs let go first, so that its rounds are captured with the switch as set): one warm-up run (its
+    captures, and compiles not made before), then 5 timed runs on a GPU; the runs and the warm-up's seconds."""
+    release_pools(subject.model)
+    os.environ[fusion.FUSED_VARIABLE] = fused
+    method = ours_method(subject, None, frozenset())
+    warm_up = run_timed(method, subject.prompts[0])[2]
+    timed = Timed()
+    for _ in range(5 if ON_CUDA else 2):
+        timed.token_ids, timed.passes, seconds = run_timed(method, subject.prompts[0])
+        timed.seconds.append(seconds)
+    return timed, warm_up
+
+
+@pytest.mark.figures
+def test_the_fused_round_against_the_unfused_one(subject, monkeypatch):
+    """Target-only, B = 1, greedy, SPEED_TOKENS tokens: ms per token with the round compiled (SPECDEMO_FUSED_ROUND=1,
+    models/fusion.py) and not (0), medians; the seconds compiling took; the same text. Fused last: the process then
+    keeps fused programs, the default on CUDA."""
+    monkeypatch.setenv(fusion.FUSED_VARIABLE, "0")  # put back after the test, whatever fused_round_timed set
+    if not ON_CUDA:  # a CPU's strict capture checks the program under a dispatch mode, which torch.compile refuses
+        monkeypatch.setenv(graphs.GRAPHS_VARIABLE, "0")
+    compiled_before = fusion.compile_seconds(subject.model)
+    unfused, unfused_warm_up = fused_round_timed(subject, "0")
+    fused, fused_warm_up = fused_round_timed(subject, "1")
+    compiled = fusion.compile_seconds(subject.model) - compiled_before
+    record("speed, fused round vs unfused (target-only B = 1)", **{
+        "fused ms/token": round(fused.ms_per_token, 2), "unfused ms/token": round(unfused.ms_per_token, 2),
+        "unfused ÷ fused (time)": round(unfused.ms_per_token / fused.ms_per_token, 2),
+        "compile s": round(compiled, 2), "fused warm-up s": round(fused_warm_up, 2),
+        "unfused warm-up s": round(unfused_warm_up, 2), "same text": fused.token_ids == unfused.token_ids,
+    })  # fmt: skip
+    assert fused.token_ids == unfused.token_ids, "the fused round's greedy text differs from the unfused one's"
+    if not fusion.compiles(subject.model):
+        pytest.skip("SPECDEMO_FUSED_ROUND=1 compiled nothing: the rounds are not fused yet (models/fusion.py unused)")
+
+
+@pytest.mark.figures
 def test_milliseconds_per_token_of_our_target_only_and_hf_generate(subject):
     """The first speed row: B = 1, greedy, the first prompt, SPEED_TOKENS tokens (no EOS, so every method decodes them
     all): our target-only decoding against HF `generate` with its default cache and with its compiled static cache (the
@@ -833,32 +1028,11 @@ def test_milliseconds_per_token_of_our_target_only_and_hf_generate(subject):
 
 
 def test_zz_the_table(capsys):
-    """One line per drafter kind (the last test of the file: it prints what the others recorded)."""
-    rule, speed, setup = RESULTS.get("rule", {}), RESULTS.get("speed", {}), RESULTS.get("setup", {})
-    lines = [
-        f"GPU check: {setup.get('target', '?')} on {setup.get('device', '?')}, torch {torch.__version__}",
-        f"{'kind':10s} {'greedy = target':>16s} {'batched = alone':>16s} {'sampled ok':>11s} {'TV W=1':>7s} "
-        f"{'TV W=3':>7s} {'coupled = target':>16s} {'ours ms/tok':>11s} {'HF ms/tok':>10s} {'HF static ms/tok':>16s}",
-    ]
-    for kind in KINDS:
-        row = RESULTS.get(kind, {})
-        lines.append(
-            f"{kind:10s} {row.get('greedy_identical', '-'):>16s} {row.get('batched_identical', '-'):>16s} "
-            f"{row.get('sampled_without_error', '-'):>11s} {rule.get('tv_one_candidate', '-')!s:>7s} "
-            f"{rule.get('tv_three_candidates', '-')!s:>7s} {row.get('coupled_identical', '-'):>16s} "
-            f"{speed.get('ours_target_only_ms_per_token', '-')!s:>11s} "
-            f"{speed.get('hf_generate_ms_per_token', '-')!s:>10s} "
-            f"{speed.get('hf_static_compiled_ms_per_token', '-')!s:>16s}"
-        )
-    lines += [f"{name}: {value}" for name, value in setup.items() if name not in ("target", "device", "torch")]
-    lines += [f"coupled noise: {RESULTS['coupled']}"] if "coupled" in RESULTS else []
-    for name, figures in RESULTS.items():
-        if name.startswith("speed, "):
-            lines.append(f"{name}: " + "; ".join(f"{label} {value}" for label, value in figures.items()))
-    table = "\n".join(lines)
+    """The table of what the others recorded (tools/gpu/table.py; the last test of the file), also in gpu.json."""
+    text = table(RESULTS)
     with capsys.disabled():
-        print("\n" + table)
+        print("\n" + text)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "gpu.json").write_text(json.dumps(dict(RESULTS, table=table, date=time.strftime("%Y-%m-%d")), indent=1,
+    (ARTIFACTS / "gpu.json").write_text(json.dumps(dict(RESULTS, table=text, date=time.strftime("%Y-%m-%d")), indent=1,
                                                    default=str))  # fmt: skip
     assert RESULTS, "no test recorded anything"
