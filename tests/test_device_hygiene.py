@@ -67,3 +67,31 @@ def test_the_rule_finds_a_tensor_made_on_the_wrong_device(line):
 )
 def test_the_rule_passes_a_tensor_made_where_it_is_used(line):
     assert not violations(line)
+
+
+DEVICE_SYNCS = frozenset({"torch.cuda.synchronize", "torch.synchronize", "graphs.synchronize", "synchronize"})
+
+
+def device_syncs(source: str, name: str = "<source>") -> list[str]:
+    """Every wait for the whole device (torch.cuda.synchronize, or graphs' `synchronize`, kept for benchmarks' timers),
+    not an event's: one in a round, in another thread, would break a capture under way (models/graphs.py)."""
+    return [
+        f"{name}:{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in DEVICE_SYNCS
+    ]
+
+
+def test_specdemo_waits_on_events_never_on_the_whole_device():
+    """Rounds and loads wait on an event on their own stream (graphs.wait); only graphs.synchronize itself, which the
+    benchmarks' timers call, waits for the whole device (and MPS, which has no events to wait on)."""
+    allowed = {"specdemo/models/graphs.py"}
+    found = [
+        v
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if str(path.relative_to(PACKAGE.parent)) not in allowed
+        for v in device_syncs(path.read_text(), str(path))
+    ]
+    assert not found, "\n".join(found)
+    assert device_syncs("torch.cuda.synchronize(device)") and device_syncs("graphs.synchronize(self.device)")
+    assert not device_syncs("done.synchronize()")  # an event's
