@@ -233,3 +233,18 @@ def test_a_round_without_the_inspectors_entries_decides_the_same(gpu_path: pytes
     rule = HEAD_COLUMNS + 4 * (PASS_COLUMNS - 1)
     assert torch.equal(packed[False][:, :rule], packed[True][:, :rule])
     assert not packed[False][:, rule:].any() and packed[True][:, rule:].any()
+
+
+def test_the_loads_progress_line_counts_the_compiles_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture_at_load's line says how much of its time went to compiling fused kernels (models/fusion.py's record),
+    and says nothing of compiling where nothing compiled."""
+    monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
+    monkeypatch.setenv(graphs.GRAPHS_VARIABLE, "1")
+    monkeypatch.setenv(fusion.FUSED_VARIABLE, "0")
+    seconds = iter([3.0, 15.5])  # compiled before the load, then after it
+    monkeypatch.setattr(fusion, "compile_seconds", lambda model: next(seconds))
+    with graphs.standing_in(WarmingStandIn):
+        line = passes.capture_at_load(tiny_model(1))
+        assert line.endswith(", 12.5 s of it compiling fused kernels."), line
+        monkeypatch.setattr(fusion, "compile_seconds", lambda model: 0.0)
+        assert "compiling" not in passes.capture_at_load(tiny_model(2))
