@@ -436,11 +436,19 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
 
 
 def chat_prompt_ids(loaded: LoadedModel, text: str, chat: bool = True) -> torch.Tensor:  # [1, T]
-    """Token ids of `text`, wrapped in the model's chat template unless chat=False or it has none."""
+    """Token ids of `text`, wrapped in the model's chat template unless chat=False or it has none, on the model's
+    device (copied there holding DEVICE_WORK)."""
+    ids = prompt_token_ids(loaded, text, chat)
+    with DEVICE_WORK:
+        return torch.tensor([ids], device=loaded.device)
+
+
+def prompt_token_ids(loaded: LoadedModel, text: str, chat: bool = True) -> list[int]:
+    """chat_prompt_ids' ids, on the host alone."""
     tokenizer = loaded.tokenizer
     if chat and tokenizer.chat_template:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
         )
-        return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(loaded.device)
-    return tokenizer(text, return_tensors="pt").input_ids.to(loaded.device)
+        return list(tokenizer(text, add_special_tokens=False).input_ids)
+    return list(tokenizer(text).input_ids)

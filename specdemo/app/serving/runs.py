@@ -38,9 +38,9 @@ from specdemo.models.graphs import DeviceLock
 from specdemo.models.loading import (
     OFFLINE_DEFAULT,
     LoadedModel,
-    chat_prompt_ids,
     dtype_reason,
     pick_device,
+    prompt_token_ids,
 )
 from specdemo.models.platform import announce
 from specdemo.models.shared import ModelCache
@@ -147,8 +147,7 @@ class Server:
                 measure_for_sharing(target, report)
         encoded = []
         for number, text in enumerate(prompts, start=1):
-            with self.models_lock:  # its copy to the device and back is device work (models/graphs.py)
-                prompt_ids = chat_prompt_ids(target, text, chat=request.chat)[0].tolist()
+            prompt_ids = prompt_token_ids(target, text, chat=request.chat)  # on the host: no device work
             try:
                 check_prompt_fits(len(prompt_ids), request.speculative.max_new_tokens, target.context_length)
                 tokens = len(prompt_ids) + request.speculative.max_new_tokens

@@ -38,7 +38,7 @@ from specdemo.config import (
     run_settings,
 )
 from specdemo.engine.resources import openmp_workers_released
-from specdemo.models.loading import LoadedModel, chat_prompt_ids
+from specdemo.models.loading import LoadedModel, prompt_token_ids
 from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, find_pair, make_drafter
 
 MODES = ("toy", "model")
@@ -449,8 +449,7 @@ def run_model_audit(
         num_candidates=request.num_candidates,
         draft_temperature=pair.draft_temperature,
     )
-    with server.models_lock:  # the prompt goes to the device and back: never beside another thread's capture
-        prompt_ids = chat_prompt_ids(target, request.prompt)[0].tolist()
+    prompt_ids = prompt_token_ids(target, request.prompt)
     state: dict = {"done": 0.0}
     audit = partial(
         model_audit,
