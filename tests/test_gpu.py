@@ -887,17 +887,11 @@ def test_a_second_run_captures_no_new_graph(subject, monkeypatch):
     texts, figures = [], {}
     for run in (1, 2):
         before = len(captures)
-        decoder = BatchDecoder(subject.model, drafter_for("suffix", subject), subject.eos)
-        decoder.add(0, prompt, GREEDY, spec)
-        rounds = []
-        while decoder.rows:
-            for _, outcome in decoder.step():
-                assert not isinstance(outcome, Exception), outcome
-                rounds.append(outcome)
-        texts.append(emitted_ids(rounds))
+        ids, verifier = decoded(subject, drafter_for("suffix", subject), prompt, GREEDY, spec)
+        texts.append(ids)
         figures[f"run {run}: graphs captured"] = len(captures) - before
-        figures[f"run {run}: capture s"] = round(decoder.verifier.capture_seconds, 3)
-    pools = decoder.verifier.pools  # the model's programs, kept for the process
+        figures[f"run {run}: capture s"] = round(verifier.capture_seconds, 3)
+    pools = verifier.pools  # the model's programs, kept for the process
     figures["the process's captures so far"] = f"{len(pools.captures)} in {pools.capture_seconds:.2f} s"
     record("speed, graph captures", **figures)
     assert texts[0] == texts[1]
