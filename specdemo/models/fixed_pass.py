@@ -68,19 +68,11 @@ class PassRunner:
         return self.forward(model, group, *inputs)
 
     def forward(
-        self,
-        model: PreTrainedModel,
-        group: Group,
-        first: int,  # the group's first row of the pass
-        tokens: torch.Tensor,  # [r, m] int64
-        positions: torch.Tensor,  # [r, m]
-        write_slots: torch.Tensor,  # [r, m]
-        real: torch.Tensor,  # [r, m] bool: False for padding
-        logits_to_keep: int,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [r, logits_to_keep, V], [r, logits_to_keep, L*H] or None
-        """Device work alone, with no host clock and no wait, which a CUDA graph can capture."""
-        tables = _Tables(group.keys, group.values, group.slots)
-        return table_pass(self.constants, model, tables, first, tokens, positions, write_slots, real, logits_to_keep)
+        self, model: PreTrainedModel, group: Group, *inputs: torch.Tensor | int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Device work alone, with no host clock and no wait, which a CUDA graph can capture: table_pass over the
+        group's tables (inputs: first row, tokens, positions, write slots, real, logits_to_keep)."""
+        return table_pass(self.constants, model, _Tables(group.keys, group.values, group.slots), *inputs)
 
     @property
     def constants(self) -> tuple[tuple[str, ...], int | None, tuple[int, ...]]:
