@@ -36,7 +36,7 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Two workers: 12.5 min for the suite against 18.7 on one, on 2 cores (docs/testing.md); `pytest FILE` runs on one.
+# Two workers, about half the time of one on 2 cores (the times: docs/testing.md); `pytest FILE` runs on one.
 test: lint chromium
 	$(TEST_ENV) $(PY) -m pytest -n 2
 
