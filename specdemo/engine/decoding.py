@@ -354,25 +354,24 @@ class BatchDecoder:
         the device runs out of memory, every row takes its round once more with the model's idle groups let go, each
         generator put back where the round began; if it runs out again, the rows that joined this round leave with a
         sentence and the others go on (_out_of_memory)."""
-        states = {key: row.generator.get_state() for key, row in self.rows.items()}  # draws the failed round took
+        states = {key: row.generator.get_state() for key, row in self.rows.items()}  # draws a failed round takes
         try:
             return self._step()
         except torch.OutOfMemoryError:
             pass  # the error's traceback holds the failed pass's tensors: out of this block, they go before the retry
-        for key, row in self.rows.items():
-            row.generator.set_state(states[key])
-        return self._out_of_memory()
+        return self._out_of_memory(states)
 
-    def _out_of_memory(self) -> list[tuple[Hashable, Round | Exception]]:
+    def _out_of_memory(self, states: dict[Hashable, torch.Tensor]) -> list[tuple[Hashable, Round | Exception]]:
         """Every row takes its round once more, on fresh caches with the model's idle groups let go. If the device runs
         out of memory again, the rows that joined this round leave with a sentence and the others take their round;
-        if they run out of memory once more, or no row joined, every row leaves with the sentence."""
-        self._start_afresh()
+        if they run out of memory once more, or no row joined, every row leaves with the sentence. Before each try,
+        every row's generator is put back where the round began (`states`)."""
+        self._start_afresh(states)
         try:
             return self._step()
         except torch.OutOfMemoryError:
             pass  # out of this block the error's traceback, which holds the failed pass's tensors, goes before they do
-        self._start_afresh()
+        self._start_afresh(states)
         error = OutOfDeviceMemory(self.verifier.device)
         joined = [key for key, row in self.rows.items() if row.num_rounds == 0]
         failed = self._leave(joined if 0 < len(joined) < len(self.rows) else list(self.rows), error)
@@ -381,13 +380,15 @@ class BatchDecoder:
                 return failed + self._step()
             except torch.OutOfMemoryError:
                 pass  # as above
-            self._start_afresh()
+            self._start_afresh(states)
             failed += self._leave(list(self.rows), error)
         return failed
 
-    def _start_afresh(self) -> None:
+    def _start_afresh(self, states: dict[Hashable, torch.Tensor]) -> None:
         """New caches (each row reads its sequence again at its next pass), and the memory of the old ones let go, with
-        the model's idle groups (FixedShapeModel.close)."""
+        the model's idle groups (FixedShapeModel.close); each row's generator as `states` holds it."""
+        for key, row in self.rows.items():
+            row.generator.set_state(states[key])
         if isinstance(self.verifier, FixedShapeModel):
             self.verifier.close()
         self.verifier = verifier_for(self.verifier.model, self.verifier.hidden_layers)

@@ -52,14 +52,13 @@ def capture_at_load(model: PreTrainedModel) -> str | None:
     rope_type = host_read_rope_type(model.config)
     if rope_type is not None:
         return _eager_rope(model, rope_type)
-    passes, started = FixedShapeModel(model), time.perf_counter()
-    captures, compiled = len(passes.pools.captures), fusion.compile_seconds(model)
+    passes, started, compiled = FixedShapeModel(model), time.perf_counter(), fusion.compile_seconds(model)
     if not _load_rounds(passes):
         _let_go(passes)
         return "The GPU ran out of memory capturing rounds as CUDA graphs at load: each is captured at its first use."
     if not passes.replays_graphs:
         return "CUDA graphs could not be captured: rounds run eagerly (the log says why)."
-    if len(passes.pools.captures) == captures and not passes.capture_seconds:
+    if len(passes.pools.captures) == passes.captures_before:
         return "No round was captured at load: kept from earlier, or eager where memory ran short (the log says which)."
     seconds, compiled = time.perf_counter() - started, fusion.compile_seconds(model) - compiled
     fused = f", {compiled:.1f} s of it compiling fused kernels" if compiled else ""

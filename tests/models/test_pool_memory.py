@@ -14,13 +14,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.chain_round import packed_columns
 from specdemo.core.stats import emitted_ids
-from specdemo.drafters.base import NoDrafter
+from specdemo.drafters.base import Drafter, NoDrafter
 from specdemo.engine.decoding import BatchDecoder, OutOfDeviceMemory
 from specdemo.models import graphs, passes, pools
 from specdemo.models.fixed_pass import INPUT_COLUMNS, PASS_COLUMNS, PassRunner
 from specdemo.models.graphs import Program
 from specdemo.models.pools import PASS_ROWS, Group, ModelPools, pools_for
-from tests.helpers import TINY_VOCAB, StandIn, tiny_model
+from tests.helpers import TINY_VOCAB, StandIn, tiny_drafter, tiny_model
 
 EOS: frozenset[int] = frozenset()
 PROMPT = [0, 5, 9, 5, 9, 12, 7, 5, 9]
@@ -37,9 +37,14 @@ def fixed_shape(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-def text(target: torch.nn.Module, sampling: SamplingConfig = GREEDY, prompt: list[int] = PROMPT) -> list:
-    """One row's outcomes, decoded by the target alone: its emitted ids, or its error."""
-    decoder = BatchDecoder(target, NoDrafter(), EOS)
+def text(
+    target: torch.nn.Module,
+    sampling: SamplingConfig = GREEDY,
+    prompt: list[int] = PROMPT,
+    drafter: Drafter | None = None,
+) -> list:
+    """One row's outcomes, decoded by the target alone (or with `drafter`): its emitted ids, or its error."""
+    decoder = BatchDecoder(target, drafter or NoDrafter(), EOS)
     decoder.add(0, prompt, sampling, SpeculativeConfig(max_new_tokens=6))
     rounds = []
     while decoder.rows:
@@ -149,6 +154,19 @@ def test_a_one_row_run_that_runs_out_of_memory_beside_idle_groups_lets_them_go_a
     refused = out_of_memory_beside_idle_groups(fixed_shape, target)
     assert text(target, prompt=long_prompt) == expected and len(expected) == 6
     assert refused == [512] and [group.slots for group in pools_for(target).idle] == [512]
+
+
+def test_a_sampled_row_retried_after_running_out_of_memory_draws_what_it_draws_alone(fixed_shape) -> None:
+    """A row whose draft model samples its drafts from the row's generator runs out of memory after drafting; its
+    retried round draws again from where the round began, so its text is the text it decodes alone. Planted: the
+    generators not put back (the retry drafts from later draws)."""
+    target, reference, draft = tiny_model(1), tiny_model(1), tiny_model(2)
+    long_prompt = [0, *range(2, 31)] * 9  # 262 tokens: a 512-slot bucket, a group of its own
+    expected = text(reference, PENALISED, long_prompt, tiny_drafter("model", draft, None))
+    assert len(text(target)) == 6 and len(pools_for(target).idle) == 1
+    refused = out_of_memory_beside_idle_groups(fixed_shape, target)
+    assert text(target, PENALISED, long_prompt, tiny_drafter("model", draft, None)) == expected
+    assert refused == [512]
 
 
 def test_a_one_row_run_out_of_memory_again_after_the_retry_leaves_with_the_sentence(fixed_shape) -> None:
