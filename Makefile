@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-local.txt | cksum | cut -d' ' -f1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install chromium demo test test-fast test-gpu test-gpu-figures test-gpu-rest lint bench space
+.PHONY: install chromium demo test test-all test-fast test-gpu test-gpu-figures test-gpu-rest lint bench space
 
 # The tests' OpenMP workers spin at most 2,000 times while they wait, not libgomp's 300,000: beside another process
 # that keeps both cores busy, spinning workers wait on descheduled ones and a test file took 12 times as long
@@ -36,13 +36,20 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Two workers, about half the time of one on 2 cores (the times: docs/testing.md); `pytest FILE` runs on one.
+# Two workers, about half the time of one on 2 cores, each taking the next test when it is free (worksteal); the
+# times: docs/testing.md. `pytest FILE` runs on one. The tests marked `thorough` add statistical power or breadth to
+# properties other tests guard here: `make test-all` runs them too.
+PYTEST_2 := $(TEST_ENV) $(PY) -m pytest -n 2 --dist worksteal
+
 test: lint chromium
-	$(TEST_ENV) $(PY) -m pytest -n 2
+	$(PYTEST_2) -m "not thorough"
+
+test-all: lint chromium
+	$(PYTEST_2)
 
 # The core, the drafters, the engine and the KV cache on tiny random models: no real model, no app, under a minute.
 test-fast: install
-	$(TEST_ENV) $(PY) -m pytest -m "not slow" tests/core tests/drafters tests/engine tests/models
+	$(TEST_ENV) $(PY) -m pytest -m "not slow and not thorough" tests/core tests/drafters tests/engine tests/models
 
 # The GPU checks (tests/test_gpu.py); without CUDA they skip, and -rs prints why. On a bare GPU machine (no network,
 # no Gradio) run them with its own Python, no install: python3 -m pytest -m gpu tests/test_gpu.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,6 +14,17 @@ from specdemo.models.shared import ModelCache
 from tests.helpers import HANG_GUARD_SECONDS
 
 SPELLING = EXAMPLES[0][0]
+CHROMIUM = shutil.which("chromium")  # Debian's, for the browser tests (tests/conftest.py's `browser`)
+# No background networking: this machine's closed network refuses those connections.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def settings(prompt: str = SPELLING, **changes) -> dict:

@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from specdemo.engine.resources import release_openmp_workers
-from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model
+from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model, native_bfloat16
 from tests.helpers import tiny_model, train_tiny_head
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
@@ -59,6 +59,27 @@ def tiny_trained_head(tiny_target, tmp_path_factory):
 @pytest.fixture(scope="session")
 def offline_model() -> LoadedModel:
     return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.float32)  # parity tests need float32
+
+
+@pytest.fixture(scope="session")
+def offline_bfloat16() -> LoadedModel:
+    """The offline default in bfloat16, the number format the app serves on a CPU that has it natively."""
+    if not native_bfloat16(torch.device("cpu")):
+        pytest.skip("this CPU has no native bfloat16")
+    return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium, launched once per worker and driven through playwright (each test opens its own page)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.app_helpers import CHROMIUM, CHROMIUM_FLAGS
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
 
 
 @pytest.fixture(scope="session")
