@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.app_helpers import CHROMIUM
 from tests.helpers import (
     HANG_GUARD_SECONDS,
     assert_stopped_runs_leave_at_the_next_round,
@@ -15,35 +15,15 @@ from tests.helpers import (
     wait_for_rounds,
 )
 
-CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
 # Screenshots go here (gitignored) only: the README's assets/screenshot.png is refreshed deliberately, by hand.
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-# No background networking: this machine's closed network refuses those connections.
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # How long a test waits for the page to end a run, an audit or a round, or to do anything else (a note, a chart, a
 # toast), before it gives up: the hang guard, not a speed bound (a fresh clone's run beside another job on both cores
 # took 5 minutes for the six lessons).
 RUN_ENDS_MS = HANG_GUARD_SECONDS * 1000
 REACTS_MS = HANG_GUARD_SECONDS * 1000
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        yield browser
-        browser.close()
+COMPARE = "Then run the target alone, to compare"  # the checkbox's label: a test that reads no comparison unticks it
 
 
 def open_page(browser, url: str, theme: str = "light"):
@@ -66,9 +46,41 @@ def screenshot_light_and_dark(page, name: str) -> None:
     page.evaluate("document.body.classList.remove('dark')")
 
 
-def run_first_example(page) -> None:
+def set_numbers(page, **numbers: int | float | str) -> None:
+    """Set numeric settings by name (#num-draft-tokens for num_draft_tokens=...), as a person types them."""
+    for name, value in numbers.items():
+        field = page.locator(f"#{name.replace('_', '-')} input[type=number]")
+        field.fill(str(value))
+        field.press("Enter")
+
+
+# A run has ended when the headline's three numbers are drawn anew (a run's first update clears the cells marked
+# before it started) and final (while the run streams, and while the target alone runs after it, the speedup reads '…').
+HEADLINE_DRAWN_ANEW = "[...document.querySelectorAll('#headline .big')].every(c => !c.dataset.old)"
+RUN_ENDED = """() => { const cells = [...document.querySelectorAll('#headline .big')];
+    return cells.length === 3 && !cells.some(c => c.dataset.old) && cells[0].textContent !== '…'; }"""
+
+
+def mark_the_headline_old(page) -> None:
+    page.eval_on_selector_all("#headline .big", "cells => cells.forEach(c => c.dataset.old = '1')")
+
+
+def run_to_its_end(page, button: str = "#run") -> None:
+    """Click `button` (Run, or a lesson's) and wait until the run it starts has ended, compared or not."""
+    mark_the_headline_old(page)
+    page.click(button)
+    page.wait_for_function(RUN_ENDED, timeout=RUN_ENDS_MS)
+
+
+def choose_first_example(page, **numbers: int) -> None:
+    """The spelling example (its prompt, the default pair, temperature 0), then `numbers` (e.g. max_new_tokens=32)."""
     page.get_by_text("Correct the spelling mistakes", exact=False).first.click()
     page.wait_for_function("document.querySelector('#prompt textarea').value.includes('quartely')")
+    set_numbers(page, **numbers)
+
+
+def run_first_example(page, **numbers: int) -> None:
+    choose_first_example(page, **numbers)
     page.click("#run")
     page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
 
@@ -80,7 +92,7 @@ def test_a_run_shows_coloured_tokens_tooltips_and_charts(browser, app):
         # drawn empty at load, so plotly's first drawing does not take the cores during a timed run
         page.wait_for_selector(f"{chart} .js-plotly-plot .main-svg")
     page.screenshot(path=str(ARTIFACTS / "before-a-run.png"), full_page=True)
-    run_first_example(page)
+    run_first_example(page, max_new_tokens=32)  # compared with the target alone: the summary and the fold read it
     kinds = page.eval_on_selector_all("#tokens .tok", "spans => [...new Set(spans.map(s => s.classList[1]))]")
     assert "tok-accepted" in kinds and ("tok-bonus" in kinds or "tok-resampled" in kinds)
     for kind in kinds:  # each outcome that occurred has its own visible colour
@@ -103,13 +115,10 @@ def test_a_sampled_run_under_the_coupled_rule_writes_the_target_alones_text(brow
     run_example = page.get_by_text("Correct the spelling mistakes", exact=False).first
     run_example.click()  # the example sets the prompt, the pair and temperature 0
     page.wait_for_function("document.querySelector('#prompt textarea').value.includes('quartely')")
-    for name, value in {"temperature": "0.8", "max-new-tokens": "32"}.items():
-        field = page.locator(f"#{name} input[type=number]")
-        field.fill(value)
-        field.press("Enter")
+    set_numbers(page, temperature=0.8, max_new_tokens=16)
     page.locator("#rule label", has_text="same text for any drafter").click()
     assert page.get_by_label("same text for any drafter").is_checked()
-    assert page.get_by_label("Then run the target alone, to compare").is_checked()
+    assert page.get_by_label(COMPARE).is_checked()
     page.click("#run")
     page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
     summary = page.text_content("#summary")
@@ -181,8 +190,9 @@ def test_markup_in_the_prompt_and_in_model_ids_stays_text(browser, app):
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
     # Prompt lookup copies the prompt, so the hostile markup comes back as tokens.
     page.fill("#prompt textarea", f"Repeat this exactly, then stop: {HOSTILE}")
-    page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
+    set_numbers(page, max_new_tokens=24)
+    page.get_by_label(COMPARE).uncheck()
+    run_to_its_end(page)
     tokens = page.locator("#tokens")
     assert tokens.locator("img, script, b").count() == 0  # nothing the model wrote became an element
     assert "<" in tokens.inner_text() or "img" in tokens.inner_text()  # the markup is shown as text
@@ -203,33 +213,33 @@ def test_markup_in_the_prompt_and_in_model_ids_stays_text(browser, app):
 
 def test_switching_the_pair_mid_run_leaves_the_run_alone(browser, app):
     page = open_page(browser, app)
-    run_first_example(page)  # a first, complete run: the one to compare with
-    first_tokens = page.locator("#tokens .tok").count()
-    page.click("#run")  # the second run replaces the summary as soon as its first tokens arrive
-    page.wait_for_function("!document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
+    choose_first_example(page)  # the default 128 tokens: the second run is still decoding when the pair changes
+    page.get_by_label(COMPARE).uncheck()  # the first run's tokens are the yardstick, not the target alone's
+    run_to_its_end(page)  # a first, complete run: the one to compare with
+    tokens = "els => els.map(e => e.className + ':' + e.textContent).join('|')"
+    first = page.eval_on_selector_all("#tokens .tok", tokens)
+    mark_the_headline_old(page)
+    page.click("#run")  # the second run redraws the headline as soon as its first tokens arrive
+    page.wait_for_function(HEADLINE_DRAWN_ANEW, timeout=RUN_ENDS_MS)
     page.click("#pair input")
     page.locator("li.item", has_text="drafting for itself").click()  # mid-run
     page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')")
-    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
-    # The run finished with the settings it started with: prompt lookup, the same greedy tokens as before.
-    assert page.locator("#tokens .tok").count() == first_tokens
-    assert "identical" in page.text_content("#summary")
+    page.wait_for_function(RUN_ENDED, timeout=RUN_ENDS_MS)
+    # The run finished with the settings it started with: prompt lookup, the same greedy tokens and rounds as before.
+    assert page.eval_on_selector_all("#tokens .tok", tokens) == first
     page.close()
 
 
 def run_with_pair(page, pair_label: str, note: str, prompt: str, **numbers: int) -> list[str]:
     """Pick the pair by its label, wait for its note, set the numeric settings (#num-draft-tokens for
-    num_draft_tokens=...), run `prompt` to its summary; the tokens' tooltips."""
+    num_draft_tokens=...), run `prompt` to its end without the comparison; the tokens' tooltips."""
     page.click("#pair input")
     page.locator("li.item", has_text=pair_label).click()
     page.wait_for_function(f"document.querySelector('#pair-note')?.innerText.includes('{note}')")
-    for name, value in numbers.items():
-        field = page.locator(f"#{name.replace('_', '-')} input[type=number]")
-        field.fill(str(value))
-        field.press("Enter")
+    set_numbers(page, **numbers)
+    page.get_by_label(COMPARE).uncheck()
     page.fill("#prompt textarea", prompt)
-    page.click("#run")
-    page.wait_for_function("document.querySelector('#summary')?.textContent.includes('Speedup')", timeout=RUN_ENDS_MS)
+    run_to_its_end(page)
     return page.eval_on_selector_all("#tokens .tok", "spans => spans.map(s => s.title)")
 
 
@@ -241,10 +251,10 @@ def test_the_suffix_pair_says_what_each_round_chose(browser, app):
         "pass costs",
         "Copy this list exactly: red, green, blue, red, green, blue, red, green, blue.",
         num_draft_tokens=12,
-        max_new_tokens=48,
+        max_new_tokens=32,
     )
     summary = page.text_content("#summary")
-    assert "Cost-aware drafting" in summary and "The plans expected" in summary and "identical" in summary
+    assert "Cost-aware drafting" in summary and "The plans expected" in summary
     # every token names its round's choice but the last round's, when no token was left to draft
     assert sum("drafted " in t for t in titles) >= len(titles) - 1, titles[:3]
     assert any(re.search(r"drafted \d+: expected \d+\.\d+ tokens for \d+\.\d+ steps", t) for t in titles), titles[:3]
@@ -254,6 +264,7 @@ def test_the_suffix_pair_says_what_each_round_chose(browser, app):
 
 def test_the_batch_view_streams_four_lanes(browser, app):
     page = open_page(browser, app)
+    set_numbers(page, max_new_tokens=16)  # the settings column is the batch's too
     page.get_by_role("tab", name="Batch").click()
     page.click("#batch-example")
     page.wait_for_function("document.querySelector('#batch-prompts textarea').value.split('\\n').length === 4")
@@ -295,7 +306,7 @@ def test_the_audit_passes_for_the_sampler_and_fails_for_a_planted_bug(browser, a
 def test_the_hybrid_pair_names_who_proposed_each_token(browser, app):
     page = open_page(browser, app)
     prompt = "Suggest a healthy morning routine for a busy student."
-    titles = run_with_pair(page, "suffix copy and recurrent drafter", "trained head", prompt, max_new_tokens=48)
+    titles = run_with_pair(page, "suffix copy and recurrent drafter", "trained head", prompt, max_new_tokens=24)
     assert any("proposed by the recurrent head" in t for t in titles), titles[:5]
     page.screenshot(path=str(ARTIFACTS / "hybrid-light.png"), full_page=True)
     page.close()
@@ -308,9 +319,8 @@ def test_stepping_through_a_sampled_run_and_inspecting_a_rejection(browser, app)
     page = open_page(browser, app)
     page.get_by_text("Explain why the sky is blue", exact=False).first.click()  # the teaching pair, T = 0.7
     page.wait_for_function("document.querySelector('#pair-note')?.innerText.includes('teaching pair')")
-    page.locator("#max-new-tokens input[type=number]").fill("32")
-    page.locator("#max-new-tokens input[type=number]").press("Enter")
-    page.get_by_label("Then run the target alone, to compare").uncheck()
+    set_numbers(page, max_new_tokens=24)
+    page.get_by_label(COMPARE).uncheck()
     sentences = []
     for step in range(1, 6):  # nothing to step through: each press decodes one round of the form's run
         if step == 3:
@@ -426,32 +436,33 @@ def big_numbers(page) -> list[str]:
 
 
 def run_lesson(page, key: str) -> None:
-    """Click a lesson and wait until its run has ended: the headline's three numbers drawn anew, and final (a run's
-    first update clears them; while it streams the speedup reads '…'), or a new audit verdict."""
-    page.eval_on_selector_all("#headline .big", "cells => cells.forEach(c => c.dataset.old = '1')")
-    page.click(f"#lesson-{key}")
-    page.wait_for_function("document.querySelector('#lesson-note')?.innerText.length > 0")
-    if key == "broken-sampler":  # the lesson shows the Audit tab, whose verdict is empty before its first audit
+    """Click a lesson and wait until its run has ended (run_to_its_end), or, for the lesson that shows the Audit tab
+    (whose verdict is empty before its first audit), until a verdict is drawn."""
+    if key == "broken-sampler":
+        page.click(f"#lesson-{key}")
         verdict = "(document.querySelector('#audit-verdict')?.innerText ?? '')"
         ended = f"{verdict}.startsWith('Lossless') || {verdict}.startsWith('Not lossless')"
         page.wait_for_function(ended, timeout=RUN_ENDS_MS)
-        return
-    done = """() => { const cells = [...document.querySelectorAll('#headline .big')];
-        return cells.length === 3 && !cells.some(c => c.dataset.old) && cells[0].textContent !== '…'; }"""
-    page.wait_for_function(done, timeout=RUN_ENDS_MS)
+    else:
+        run_to_its_end(page, f"#lesson-{key}")
+    page.wait_for_function("document.querySelector('#lesson-note')?.innerText.length > 0")
 
 
-def test_every_lesson_loads_its_settings_and_runs(browser, app):
-    """Each lesson sets the form, says what to watch and runs in one click, and its run shows what the note says:
-    copying many tokens per pass, free writing refusals, the hot draft residual draws, greedy the target's own text,
-    three candidates a tree of three beams a round, the broken sampler a failed audit."""
+OUTCOMES = "els => els.map(e => e.classList[1])"
+
+
+def test_the_lessons_load_their_settings_and_run(browser, app):
+    """Each lesson sets the form, says what to watch and runs in one click with its own settings, and its run shows
+    what the note says: copying many tokens per pass, free writing refusals, the hot draft residual draws and no
+    comparison, three candidates a tree of three beams a round, the broken sampler a failed audit in the tab it opens.
+    The greedy lesson's run (48 tokens and the target alone's) is the thorough tier's:
+    test_the_greedy_lesson_writes_the_target_alones_text_despite_wrong_drafts."""
     from specdemo.app.panels.lessons import LESSONS
 
     page = open_page(browser, app)
     assert [b.get_attribute("id") for b in page.locator("#lessons button").all()] == [
         f"lesson-{lesson.key}" for lesson in LESSONS
     ]
-    outcome = "els => els.map(e => e.classList[1])"
     run_lesson(page, "copying")
     assert "quartely" in page.input_value("#prompt textarea") and "Copying." in page.inner_text("#lesson-note")
     copying = big_numbers(page)
@@ -460,16 +471,13 @@ def test_every_lesson_loads_its_settings_and_runs(browser, app):
     assert "ReDrafter" in page.inner_text("#pair-note")
     free = big_numbers(page)
     assert float(free[2]) < float(copying[2]) and float(free[1]) < float(copying[1]), (free, copying)
-    assert "tok-rejected" in page.eval_on_selector_all("#tokens .tok", outcome)
+    assert "tok-rejected" in page.eval_on_selector_all("#tokens .tok", OUTCOMES)
     run_lesson(page, "hot-draft")
     assert "teaching pair" in page.inner_text("#pair-note")
     assert page.input_value("#max-new-tokens input[type=number]") == "32"
-    assert {"tok-rejected", "tok-resampled"} <= set(page.eval_on_selector_all("#tokens .tok", outcome))
+    assert {"tok-rejected", "tok-resampled"} <= set(page.eval_on_selector_all("#tokens .tok", OUTCOMES))
     assert "not measured" in page.inner_text("#headline")  # the comparison is off: the form says so too
-    assert not page.get_by_label("Then run the target alone, to compare").is_checked()
-    run_lesson(page, "greedy")
-    assert "identical" in page.text_content("#summary")
-    assert "tok-rejected" in page.eval_on_selector_all("#tokens .tok", outcome)  # wrong drafts, the same text
+    assert not page.get_by_label(COMPARE).is_checked()
     run_lesson(page, "three-candidates")
     assert page.input_value("#num-candidates input[type=number]") == "3"
     page.wait_for_selector("#candidates .cand-round", state="visible")  # the lesson opened the tree
@@ -488,6 +496,18 @@ def test_every_lesson_loads_its_settings_and_runs(browser, app):
     verdict = page.inner_text("#audit-verdict")
     assert verdict.startswith("Not lossless") and "Planted bug, resample from p" in verdict, verdict
     assert page.get_by_role("tab", name="Audit: is it lossless?").get_attribute("aria-selected") == "true"
+    page.close()
+
+
+@pytest.mark.thorough
+def test_the_greedy_lesson_writes_the_target_alones_text_despite_wrong_drafts(browser, app):
+    """Breadth: the lessons' one-click wiring is test_the_lessons_load_their_settings_and_run's, and a greedy run's
+    text equal to the target alone's is tests/app/test_app.py's and the engine's."""
+    page = open_page(browser, app)
+    run_lesson(page, "greedy")
+    assert "Greedy = target." in page.inner_text("#lesson-note")
+    assert "identical" in page.text_content("#summary")
+    assert "tok-rejected" in page.eval_on_selector_all("#tokens .tok", OUTCOMES)  # wrong drafts, the same text
     page.close()
 
 

@@ -24,12 +24,12 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specdemo.app.form import defaults, parse_request
+from specdemo.app.form import parse_request
 from specdemo.app.serving.runs import call_seconds
 from specdemo.app.serving.zerogpu import MARGIN_SECONDS, MIN_SECONDS, ON_ZEROGPU, run_seconds
 from specdemo.models.platform import on_zerogpu
-from tests.app.test_browser import ARTIFACTS, CHROMIUM, RUN_ENDS_MS, browser, open_page  # noqa: F401 - a fixture
-from tests.app_helpers import settings
+from tests.app.test_browser import ARTIFACTS, RUN_ENDS_MS, open_page, set_numbers
+from tests.app_helpers import CHROMIUM, settings
 from tests.helpers import HANG_GUARD_SECONDS, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,8 @@ STORY = "Write a long story about a dragon who learns to sing."
 # The stand-in's GPU is this CPU, which decodes far slower than the 0.03 s a token a call asks for (an H200's): it is
 # described to spaces as ZeroGPU describes a slower card, with a duration factor (1.5 on a Blackwell half), here so
 # large that the smallest call is lent as long as the hang guard waits. A budget is a clock, and a busy machine must
-# not reach it: the first run below (32 tokens and its comparison) took 3 s idle, and 70 s at a load of 8 on 2 cores.
+# not reach it: the first run below, when it decoded 32 tokens and its comparison (16 now), took 3 s idle, and 70 s
+# at a load of 8 on 2 cores.
 DURATION_FACTOR = HANG_GUARD_SECONDS // MIN_SECONDS
 VISITOR = {"X-IP-Token": "header.e30.signature"}  # a visitor's token, as the Hub's page sends it (its payload: {})
 
@@ -92,7 +93,7 @@ def wait_for(log: Path, matches, process=None, after: int = 0) -> dict:
 def test_a_run_is_a_call_in_spaces_worker_streamed_back_and_lent_for_its_settings(space):
     url, log = space
     before = len(calls(log))
-    values = settings(pair="smollm2-135m-suffix", dtype="auto", max_new_tokens=32)
+    values = settings(pair="smollm2-135m-suffix", dtype="auto", max_new_tokens=16)
     job = Client(url, verbose=False).submit(**values, api_name="/generate")
     updates = list(job)
     summary = job.result()[1]
@@ -183,7 +184,7 @@ def test_a_failure_in_spaces_worker_is_one_sentence_of_ours(space, failure, api_
     planted = Path(f"{log}.fail")
     planted.write_text(failure)
     values = {
-        "/generate": settings(pair="smollm2-135m-suffix", dtype="auto", max_new_tokens=32),
+        "/generate": settings(pair="smollm2-135m-suffix", dtype="auto", max_new_tokens=8, compare=False),
         "/generate_batch": {"prompts": ["One.", "Two."], "max_new_tokens": 8},
         "/audit": {"mode": "model", "num_samples": 100},
     }[api_name]
@@ -204,19 +205,20 @@ def test_a_pair_not_loaded_at_startup_is_refused_in_one_sentence(space):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make chromium)")
-def test_next_round_runs_as_one_call_in_the_browser(space, browser):  # noqa: F811 - the imported fixture
+def test_next_round_runs_as_one_call_in_the_browser(space, browser):
     url, log = space
     ARTIFACTS.mkdir(exist_ok=True)
     page = open_page(browser, url)
     assert "ZeroGPU" in page.inner_text("#device-line")
     page.fill("#prompt textarea", "Repeat exactly: the cat sat on the mat, the cat sat on the mat.")
+    set_numbers(page, max_new_tokens=16)
     before = len(calls(log))
     page.click("#next-round")  # nothing to step through: the form's run is decoded whole in one call
     page.wait_for_function(
         "document.querySelector('#round-sentence')?.textContent.includes('Round 1')", timeout=RUN_ENDS_MS
     )
     asked = [call["seconds"] for call in calls(log)[before:] if call["call"] == "schedule"]
-    assert asked == [run_seconds(defaults()["max_new_tokens"], 1) * DURATION_FACTOR]  # one call, without comparison
+    assert asked == [run_seconds(16, 1) * DURATION_FACTOR]  # one call, for the form's tokens, without comparison
     page.click("#next-round")  # the next round of the record: no call
     page.wait_for_function(
         "document.querySelector('#round-sentence')?.textContent.includes('Round 2')", timeout=RUN_ENDS_MS
