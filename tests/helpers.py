@@ -36,6 +36,7 @@ from specdemo.training.fit import FitSettings
 from specdemo.training.run import train_drafter
 
 FREE = PassCosts.from_seconds({1: 1.0, 2: 1.01, 129: 1.1})  # passes nearly free: cost-aware drafters draft it all
+SMOLLM2_CPU = PassCosts.from_seconds({1: 1.0, 2: 1.6, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.6})  # like SmolLM2 on an idle CPU
 TINY_VOCAB = 32  # small, so sampled-distribution tests have statistical power with a few thousand runs
 
 

@@ -17,9 +17,9 @@ from specdemo.drafters.suffix import MAX_MATCH, PRIOR_RATIOS, SuffixDrafter, Suf
 from specdemo.engine.costs import pass_costs
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from tests.engine.test_decoding import EOS, NO_EOS, PARITY_PROMPTS, PROMPT, exact_marginals
-from tests.helpers import FREE, TINY_VOCAB, hf_greedy, seeded_runs
+from tests.helpers import FREE, SMOLLM2_CPU, TINY_VOCAB, hf_greedy, seeded_runs
 
-COSTS = PassCosts.from_seconds({1: 1.0, 2: 1.6, 4: 1.6, 8: 1.7, 16: 1.9, 32: 2.6})  # like SmolLM2 on this CPU
+COSTS = SMOLLM2_CPU
 # Nearly free verification (as on a GPU), so the planner drafts whatever has a chance: tests that need drafts to
 # happen must not depend on how fast this machine ran a tiny model when its costs were measured.
 
