@@ -136,7 +136,7 @@ def tiny_pairs() -> dict[str, tuple[torch.nn.Module, torch.nn.Module]]:
     return {"two models": (target, tiny_model(1)), "self": (target, target)}
 
 
-def tiny_audit(pair, bug: str, num_samples: int = 1_500, seed: int = 0):
+def tiny_audit(pair, bug: str, num_samples: int, seed: int = 0):
     """Tiny random Llamas (V = 32): the target samples at temperature 1, the drafter at 1.5 (its raw and sampled
     distributions differ, and drafts are often rejected); the first token of each sample, K = 2."""
     target, draft = pair
@@ -155,21 +155,21 @@ def tiny_audit(pair, bug: str, num_samples: int = 1_500, seed: int = 0):
 
 @pytest.mark.parametrize("kind", ["two models", "self"])
 def test_the_model_audit_passes_for_the_projects_sampler(tiny_pairs, kind):
-    result = tiny_audit(tiny_pairs[kind], "none")
+    result = tiny_audit(tiny_pairs[kind], "none", 1_000)  # p = 0.37 and 0.61
     assert result.passes, result.verdict
-    assert sum(result.speculative) == sum(result.target_only) == 1_500
+    assert sum(result.speculative) == sum(result.target_only) == 1_000
     assert result.tv <= result.noise_tv
 
 
 @pytest.mark.parametrize(
     "bug, kind, num_samples",
-    [
-        ("resample from p", "two models", 1_500),
-        ("always accept", "two models", 1_500),
-        ("shared uniform", "two models", 1_500),
+    [  # few samples that still fail each bug clearly (p at seed 0; p <= 1e-4 fails); the toy audit tests the statistics
+        ("resample from p", "two models", 1_000),  # p = 6.3e-7
+        ("always accept", "two models", 300),  # p = 2.7e-18
+        ("shared uniform", "two models", 1_000),  # p = 5.2e-10
         # The target drafting for itself: its raw distribution is p, so a wrong q accepts every draft from the hot q.
         # With a second model the raw and the sampled q differ too little for 1,500 samples to tell.
-        ("wrong q", "self", 4_000),
+        ("wrong q", "self", 3_000),  # p = 6.8e-10
     ],
 )
 def test_every_planted_bug_fails_the_model_audit(tiny_pairs, bug, kind, num_samples):
@@ -196,11 +196,12 @@ def test_with_recurrent_beams_the_model_audit_passes_the_rule_and_fails_redrafte
     tiny_target, tiny_trained_head, bug, passes
 ):
     """The head's W = 3 sampled beams from the second token on (the first round has no hidden state yet): the
-    engine's rule passes, ReDrafter's released rule is caught over the first two tokens."""
+    engine's rule passes, ReDrafter's released rule is caught over the first two tokens (1,000 samples: p = 0.55
+    and 9.2e-8; at 750, ReDrafter's p is 5.3e-3 and passes)."""
     drafter = RecurrentDrafter(tiny_trained_head, TINY_VOCAB)
     spec = SpeculativeConfig(num_draft_tokens=2, num_candidates=3)
     result = model_audit(
-        tiny_target, drafter, frozenset(), [0, 3, 4], SamplingConfig(temperature=1.0), spec, 2, 1_500, bug
+        tiny_target, drafter, frozenset(), [0, 3, 4], SamplingConfig(temperature=1.0), spec, 2, 1_000, bug
     )
     assert result.passes == passes, result.verdict
 
@@ -313,10 +314,10 @@ def test_the_coupled_rule_passes_the_model_audit(tiny_pairs):
     """Two tiny models, the drafter hotter (temperature 1.5): drafts are often rejected, the text must not care."""
     target, draft = tiny_pairs["two models"]
     drafter = ModelDrafter(draft, SamplingConfig(temperature=1.5), TINY_VOCAB)
-    result = coupled_audit(target, drafter, "none", 1_000, 2)
+    result = coupled_audit(target, drafter, "none", 500, 2)  # p = 0.98
     assert result.passes and result.differing == 0, result.verdict
     assert result.tv <= result.noise_tv
-    assert "Same text for any drafter: for all 1,000 seeds" in result.verdict
+    assert "Same text for any drafter: for all 500 seeds" in result.verdict
 
 
 @pytest.mark.parametrize("bug", COUPLED_PLANTED)

@@ -78,12 +78,15 @@ def test_greedy_rows_with_cut_drafts_emit_what_they_emit_alone(tiny_target):
         assert batched[key] == decode([prompt], None)[0][0], f"row {key}"
 
 
-@pytest.mark.slow  # 1,500 seeds: about 20 s
-def test_sampled_rows_whose_drafts_are_cut_by_their_past_follow_the_target(tiny_target, tiny_draft):
+@pytest.mark.slow
+@pytest.mark.parametrize("num_runs", [600, pytest.param(1500, marks=pytest.mark.thorough)])
+def test_sampled_rows_whose_drafts_are_cut_by_their_past_follow_the_target(tiny_target, tiny_draft, num_runs):
     """Many seeds of a row sharing its passes with a row that drafts nothing, under costs that keep two sampled draft
     tokens while the row's acceptance is 1/2 or more and cut them to one below: the cut follows the row's own
-    rejections, and its first three tokens still follow the exact target-only marginals (guards: both happen)."""
-    num_runs, num_tokens = 1500, 3
+    rejections, and its first three tokens still follow the exact target-only marginals (guards: both happen).
+    600 seeds (p > 0.6 at every position) fail a cut draft verified with the q of its last drafted position instead
+    of its first (p = 4e-10 at the second token); 1,500 seeds add power in `make test-all`."""
+    num_tokens = 3
     sampling = SamplingConfig(temperature=1.0)
     exact = exact_marginals(tiny_target, PROMPT, sampling, num_tokens)  # [3, V]
     costs = BatchCosts.from_seconds({1: 1.0, 2: 1.0, 3: 1.0}, {1: 1.0, 2: 1.1, 3: 1.18}, full_rows=2)
@@ -106,7 +109,8 @@ def test_sampled_rows_whose_drafts_are_cut_by_their_past_follow_the_target(tiny_
     assert kept >= num_runs and cut > num_runs // 5, (kept, cut)
     for position in range(num_tokens):
         assert chi_square_pvalue(counts[position], exact[position]) > 1e-4, f"position {position}"
-        assert tv_distance(counts[position], exact[position]) < 0.08, f"position {position}"
+        tv_bound = 0.08 * (1500 / num_runs) ** 0.5  # TV's sampling noise falls as 1/sqrt(N): 0.08 at 1,500 seeds
+        assert tv_distance(counts[position], exact[position]) < tv_bound, f"position {position}"
 
 
 def test_the_summary_says_what_cutting_did_to_a_run(tiny_target):

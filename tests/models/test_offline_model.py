@@ -18,7 +18,15 @@ MAX_NEW_TOKENS = 48
 GREEDY = SamplingConfig()
 
 
-@pytest.mark.parametrize("prompt", PROMPTS[:4] + PROMPTS[6:7], ids=lambda prompt: prompt.name)
+# One prompt in `make test`: prompt lookup drafts in 11 of its 34 rounds and 10 of them are cut short by a rejection
+# (the cache rolled back). The other four add breadth only, in `make test-all`.
+PARITY_PROMPTS = [
+    pytest.param(prompt, marks=() if prompt.name == "code-rename" else pytest.mark.thorough)
+    for prompt in PROMPTS[:4] + PROMPTS[6:7]
+]
+
+
+@pytest.mark.parametrize("prompt", PARITY_PROMPTS, ids=lambda prompt: prompt.name)
 def test_greedy_parity_on_the_real_model(offline_model, prompt):
     model, eos = offline_model.model, offline_model.eos_token_ids
     prompt_ids = chat_prompt_ids(offline_model, prompt.text)
