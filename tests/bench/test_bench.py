@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from specdemo.bench import batch
 from specdemo.bench.batch import HF_BATCHED, SHARED_CUT, run_batch_bench
 from specdemo.bench.prompts import JSON_LINES, PLAIN_LINES, BenchPrompt, load_prompts, read_prompts_file
 from specdemo.bench.single import (
@@ -21,9 +22,12 @@ from specdemo.bench.single import (
 )
 from specdemo.cli.main import main
 from specdemo.config import SpeculativeConfig
-from specdemo.engine.costs import pass_costs
+from specdemo.engine.costs import BatchCosts, pass_costs
 from tests.helpers import make_round
 
+STAND_IN_COSTS = BatchCosts.from_seconds(  # seconds of a shared round by tokens per row, one row and a full batch
+    {1: 1.0, 2: 1.3, 4: 1.4, 6: 1.5, 17: 2.0}, {1: 1.6, 2: 2.2, 4: 3.0, 6: 3.8, 17: 8.0}, full_rows=8
+)
 GOOD = {"name": "copy", "grounded": True, "text": "Repeat this list: apples, bread, milk, eggs, rice, tea."}
 
 
@@ -94,7 +98,7 @@ def test_bench_reports_measured_accounted_and_predicted_speedups(offline_model, 
         )
     )
     pass_costs(offline_model.model, 2)  # as a cost-aware drafter measures at load (once per model object)
-    results = run_bench(offline_model, None, SpeculativeConfig(max_new_tokens=24), repeats=1, prompts=prompts)
+    results = run_bench(offline_model, None, SpeculativeConfig(max_new_tokens=12), repeats=1, prompts=prompts)
     assert [row["prompt"] for row in results["rows"]] == ["copy", "free"]
     assert results["planner_costs"][1] == 1.0 and results["planner_costs"][2] >= 1.0  # t(n)/t(1), from the load
     for row in results["rows"]:
@@ -155,9 +159,12 @@ def test_pass_costs_time_each_size_through_the_engines_cache(tiny_target):
     assert list(costs) == [1, 3, 6] and costs[1] == 1.0 and all(cost > 0 for cost in costs.values())
 
 
-def test_batch_bench_gives_every_batch_size_the_same_work(offline_model, tmp_path):
+def test_batch_bench_gives_every_batch_size_the_same_work(offline_model, tmp_path, monkeypatch):
     """Every B decodes all prompts (repeated up to the largest B), so aggregate tokens/s compare across B; greedy, in
-    float32, every method emits the same number of tokens."""
+    float32, every method emits the same number of tokens. The shared rounds' costs are a stand-in (their measurement,
+    ten seconds on the offline model, is engine/test_sharing.py's), and each method's warm-up is one token."""
+    monkeypatch.setattr(batch, "batch_costs", lambda model, rows: STAND_IN_COSTS)
+    monkeypatch.setattr(batch, "WARM_UP_TOKENS", 1)
     prompts = load_prompts(
         write_lines(
             tmp_path,
@@ -165,7 +172,7 @@ def test_batch_bench_gives_every_batch_size_the_same_work(offline_model, tmp_pat
             json.dumps({"name": "free", "grounded": False, "text": "Write two sentences about rain."}),
         )
     )
-    speculative = SpeculativeConfig(max_new_tokens=8)
+    speculative = SpeculativeConfig(max_new_tokens=4)
     results = run_batch_bench(offline_model, None, speculative, prompts, [2, 3], [1, 2], repeats=1, log=lambda _: None)
     assert results["methods"] == [
         HF_BATCHED,

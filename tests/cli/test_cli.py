@@ -11,10 +11,13 @@ import torch
 
 from specdemo.cli.main import main
 from specdemo.config import SamplingConfig, check_prompt_fits, check_row_seeds, run_settings
-from specdemo.models.loading import native_bfloat16
+from specdemo.models.loading import LoadedModel, native_bfloat16
+from specdemo.models.shared import ModelCache
+from specdemo.pairs import DEFAULT_PAIR, pair_dtype
 
 PROMPT = "Correct the spelling: The quartely planing meeting is moved from Tuesday to Thursday."
 
+CPU = torch.device("cpu")
 MAX_SEED = run_settings(SamplingConfig)["seed"][1].high  # 2**63 - 1
 
 
@@ -71,7 +74,27 @@ def test_prompt_and_new_tokens_must_fit_the_context():
         check_prompt_fits(1000, 25, context_length=1024)
 
 
-def test_json_output_of_a_greedy_run_matches_the_baseline(offline_model, capsys):
+@pytest.fixture
+def session_model(offline_model, request, monkeypatch) -> LoadedModel:
+    """The offline default in the format `--dtype auto` picks here, loaded once per worker (the session's fixture):
+    each `generate` of the test finds it in its model cache instead of loading it again (two seconds a run). The
+    tests without this fixture load through the command line as a user's run does."""
+    if pair_dtype(DEFAULT_PAIR, "auto", CPU) == torch.bfloat16:
+        loaded = request.getfixturevalue("offline_bfloat16")
+    else:
+        loaded = offline_model
+    assert loaded.model.dtype == pair_dtype(DEFAULT_PAIR, "auto", CPU)
+
+    def holding() -> ModelCache:
+        cache = ModelCache(pinned=loaded.name)
+        cache.put(loaded)
+        return cache
+
+    monkeypatch.setattr("specdemo.cli.generate.ModelCache", holding)
+    return loaded
+
+
+def test_json_output_of_a_greedy_run_matches_the_baseline(session_model, capsys):
     assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "24", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "24", "--json", "--baseline"]) == 0
@@ -89,10 +112,10 @@ def test_json_output_of_a_greedy_run_matches_the_baseline(offline_model, capsys)
         assert result["stats"][key] > 0
 
 
-def test_a_coupled_sampled_run_writes_the_baseline_text_for_its_seed(offline_model, capsys):
+def test_a_coupled_sampled_run_writes_the_baseline_text_for_its_seed(session_model, capsys):
     """--rule coupled at temperature 0.8: the speculative text is the target-alone text for the seed, token for token;
     another seed writes another text."""
-    common = ["generate", "--prompt", PROMPT, "--max-new-tokens", "24", "--json", "--temperature", "0.8"]
+    common = ["generate", "--prompt", PROMPT, "--max-new-tokens", "12", "--json", "--temperature", "0.8"]
 
     def tokens(*more: str) -> list[int]:
         assert main([*common, "--rule", "coupled", *more]) == 0
@@ -147,7 +170,6 @@ def test_running_out_of_device_memory_is_one_sentence_and_exit_2(monkeypatch, ca
     )
 
 
-CPU = torch.device("cpu")
 NO_NATIVE_BFLOAT16 = (
     "error: This CPU has no native bfloat16 (AMX or AVX-512 BF16), so bfloat16 would run in software and be slow; "
     "GPUs of compute 8.0 or newer and CPUs with AMX or AVX-512 BF16 support it: use auto or float32."
@@ -277,7 +299,7 @@ def test_the_largest_usable_seed_for_a_prompts_file_reaches_the_model_load(tmp_p
         check_row_seeds(MAX_SEED - 254, 256, "many.txt")
 
 
-def test_prompts_file_prints_one_json_object_per_prompt_equal_to_single_runs(offline_model, tmp_path, capsys):
+def test_prompts_file_prints_one_json_object_per_prompt_equal_to_single_runs(session_model, tmp_path, capsys):
     texts = [PROMPT, "Repeat: red green blue red green blue", "Count from 1 to 12."]
     path = tmp_path / "prompts.txt"
     path.write_text("\n".join(texts))
@@ -292,7 +314,7 @@ def test_prompts_file_prints_one_json_object_per_prompt_equal_to_single_runs(off
                 "--num-candidates",
                 "2",
                 "--max-new-tokens",
-                "16",
+                "8",
             ]
         )
         == 0
@@ -301,9 +323,7 @@ def test_prompts_file_prints_one_json_object_per_prompt_equal_to_single_runs(off
     assert [r["index"] for r in records] == [0, 1, 2]
     for record in records:
         assert (
-            main(
-                ["generate", "--prompt", record["prompt"], "--max-new-tokens", "16", "--num-candidates", "2", "--json"]
-            )
+            main(["generate", "--prompt", record["prompt"], "--max-new-tokens", "8", "--num-candidates", "2", "--json"])
             == 0
         )
         alone = json.loads(capsys.readouterr().out)
@@ -311,7 +331,7 @@ def test_prompts_file_prints_one_json_object_per_prompt_equal_to_single_runs(off
         assert set(record) >= set(alone) and "candidates" in record["rounds"][0]
 
 
-def test_the_suffix_drafter_says_what_it_chose_each_round(offline_model, capsys):
+def test_the_suffix_drafter_says_what_it_chose_each_round(session_model, capsys):
     """`--draft suffix` picks the registered offline pair; every round it drafted for carries its plan in the JSON."""
     prompt = "Repeat exactly: alpha beta gamma delta, alpha beta gamma delta."
     args = ["generate", "--prompt", prompt, "--draft", "suffix", "--num-draft-tokens", "12", "--max-new-tokens", "24"]

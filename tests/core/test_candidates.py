@@ -127,9 +127,27 @@ def follows_target(counts: torch.Tensor) -> tuple[bool, list[tuple[float, float]
     return all(pvalue > 1e-4 and tv < 0.01 for pvalue, tv in stats), stats
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled", "deterministic"])
-@pytest.mark.parametrize("depth", [1, 3])
-@pytest.mark.parametrize("num_candidates", [2, 4])
+def case(num_candidates: int, depth: int, deterministic: bool, thorough: bool = False) -> object:
+    kind = "deterministic" if deterministic else "sampled"
+    marks = [pytest.mark.thorough] if thorough else []
+    return pytest.param(num_candidates, depth, deterministic, id=f"{num_candidates}-{depth}-{kind}", marks=marks)
+
+
+# `make test` runs four of the eight cases, every pair of two settings' values in one of them (W = 2 sampled at depth
+# 1 is the broken rules' case below); `make test-all` adds the other four, W = 4 deterministic at depth 3 among them.
+@pytest.mark.parametrize(
+    ("num_candidates", "depth", "deterministic"),
+    [
+        case(2, 1, False),
+        case(2, 3, True),
+        case(4, 1, True),
+        case(4, 3, False),
+        case(2, 1, True, thorough=True),
+        case(2, 3, False, thorough=True),
+        case(4, 1, False, thorough=True),
+        case(4, 3, True, thorough=True),
+    ],
+)
 def test_multi_candidate_rule_follows_the_target(num_candidates, depth, deterministic):
     counts = emitted_counts(verify_rule, num_candidates, depth, deterministic)
     assert bool((counts[:, 5] == 0).all()), "emitted a token the target gives probability 0"
