@@ -69,9 +69,11 @@ def offline_bfloat16() -> LoadedModel:
     return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.bfloat16)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Debian's Chromium, launched once per worker and driven through playwright (each test opens its own page)."""
+    """Debian's Chromium driven through playwright (each test opens its own page), launched once per module (about a
+    second): not per session, since playwright's sync API keeps an event loop running in the thread while it is open,
+    and a later test's `asyncio.run` there refuses to start (tests/app/test_serving.py)."""
     from playwright.sync_api import sync_playwright
 
     from tests.app_helpers import CHROMIUM, CHROMIUM_FLAGS
