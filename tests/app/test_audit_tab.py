@@ -39,7 +39,7 @@ def test_a_planted_bug_fails_in_the_app(client):
 def test_three_hundred_samples_of_two_tokens_on_the_offline_default_are_lossless(client):
     """Model mode through /audit: its verdict, chart and record (seed 0: chi-square p-value 0.33 here). The default
     pair's prompt lookup drafts nothing in this prompt's first two tokens, so no planted bug shows in it at any count;
-    the model audit's power against each planted bug is audit/test_audit.py's (tiny models, 1,500 samples)."""
+    the model audit's power against each planted bug is audit/test_audit.py's (tiny models)."""
     verdict, chart, _, download = client.predict(mode="model", num_samples=300, num_tokens=2, api_name="/audit")
     record = json.loads(Path(download["value"]).read_text())
     assert verdict.startswith("**Lossless"), verdict

@@ -72,7 +72,7 @@ def run_to_its_end(page, button: str = "#run") -> None:
     page.wait_for_function(RUN_ENDED, timeout=RUN_ENDS_MS)
 
 
-def choose_first_example(page, **numbers: int) -> None:
+def choose_first_example(page, **numbers: int | float) -> None:
     """The spelling example (its prompt, the default pair, temperature 0), then `numbers` (e.g. max_new_tokens=32)."""
     page.get_by_text("Correct the spelling mistakes", exact=False).first.click()
     page.wait_for_function("document.querySelector('#prompt textarea').value.includes('quartely')")
@@ -112,10 +112,7 @@ def test_a_sampled_run_under_the_coupled_rule_writes_the_target_alones_text(brow
     """A person picks "same text for any drafter" and a temperature above 0: the sampled run, compared with the target
     alone, is the same text token for token, and the summary says so."""
     page = open_page(browser, app)
-    run_example = page.get_by_text("Correct the spelling mistakes", exact=False).first
-    run_example.click()  # the example sets the prompt, the pair and temperature 0
-    page.wait_for_function("document.querySelector('#prompt textarea').value.includes('quartely')")
-    set_numbers(page, temperature=0.8, max_new_tokens=16)
+    choose_first_example(page, temperature=0.8, max_new_tokens=16)  # then sampled
     page.locator("#rule label", has_text="same text for any drafter").click()
     assert page.get_by_label("same text for any drafter").is_checked()
     assert page.get_by_label(COMPARE).is_checked()

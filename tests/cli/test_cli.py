@@ -79,11 +79,9 @@ def session_model(offline_model, request, monkeypatch) -> LoadedModel:
     """The offline default in the format `--dtype auto` picks here, loaded once per worker (the session's fixture):
     each `generate` of the test finds it in its model cache instead of loading it again (two seconds a run). The
     tests without this fixture load through the command line as a user's run does."""
-    if pair_dtype(DEFAULT_PAIR, "auto", CPU) == torch.bfloat16:
-        loaded = request.getfixturevalue("offline_bfloat16")
-    else:
-        loaded = offline_model
-    assert loaded.model.dtype == pair_dtype(DEFAULT_PAIR, "auto", CPU)
+    auto = pair_dtype(DEFAULT_PAIR, "auto", CPU)
+    loaded = request.getfixturevalue("offline_bfloat16") if auto == torch.bfloat16 else offline_model
+    assert loaded.model.dtype == auto
 
     def holding() -> ModelCache:
         cache = ModelCache(pinned=loaded.name)
