@@ -20,7 +20,7 @@ from specdemo.drafters.base import Drafter, NoDrafter
 from specdemo.engine.costs import batch_costs
 from specdemo.engine.decoding import batch_generate
 from specdemo.engine.scheduler import MAX_BATCH_ROWS
-from specdemo.models.loading import LoadedModel, chat_prompt_ids
+from specdemo.models.loading import LoadedModel, prompt_token_ids
 from specdemo.pairs import DEFAULT_PAIR, Pair, make_drafter
 
 HF_BATCHED = "HF generate batched"
@@ -86,7 +86,7 @@ def run_batch_bench(
     """Every B decodes the same work: all the prompts (repeated up to the largest B when fewer), at most B at a time.
     Hugging Face generate takes them in static batches of B; ours refills a finished row's place at the next round
     (continuous batching). Every method runs once per repeat, interleaved, after a short warm-up at that B."""
-    encoded = [chat_prompt_ids(target, p.text)[0].tolist() for p in prompts]
+    encoded = [prompt_token_ids(target, p.text) for p in prompts]
     costs = batch_costs(target.model, MAX_BATCH_ROWS)  # what the app's shared batches cut drafts by
     work = [encoded[i % len(encoded)] for i in range(max(len(encoded), *batch_sizes))]
     results = []

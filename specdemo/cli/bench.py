@@ -19,7 +19,7 @@ from specdemo.config import check_batch_size, check_prompt_fits
 from specdemo.core.planning import PassCosts
 from specdemo.engine.costs import MEASURED_SIZES, batch_costs, measure_pass_seconds
 from specdemo.engine.scheduler import MAX_BATCH_ROWS
-from specdemo.models.loading import chat_prompt_ids, model_dtype_reason
+from specdemo.models.loading import model_dtype_reason, prompt_token_ids
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import load_pair
 
@@ -71,8 +71,8 @@ def bench_command(args: argparse.Namespace, progress) -> int:
         return batch_bench_command(args, settings, prompts, progress)
     target, draft = load_pair(settings.pair, ModelCache(), progress, allow_local=True, dtype=settings.dtype)
     for prompt in prompts:
-        prompt_ids = chat_prompt_ids(target, prompt.text)  # [1, T]
-        check_prompt_fits(prompt_ids.shape[1], settings.speculative.max_new_tokens, target.context_length)
+        prompt_length = len(prompt_token_ids(target, prompt.text))
+        check_prompt_fits(prompt_length, settings.speculative.max_new_tokens, target.context_length)
     log = partial(print, flush=True)
     results = run_bench(
         target, draft, settings.speculative, args.repeats, prompts, log, settings.pair, settings.drafter_options

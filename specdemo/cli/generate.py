@@ -18,7 +18,7 @@ from specdemo.core.rounds import Round
 from specdemo.core.stats import round_record, run_stats
 from specdemo.drafters.base import NoDrafter
 from specdemo.engine.decoding import batch_generate
-from specdemo.models.loading import LoadedModel, chat_prompt_ids, model_dtype_reason
+from specdemo.models.loading import LoadedModel, model_dtype_reason, prompt_token_ids
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import load_pair, make_drafter
 
@@ -62,7 +62,7 @@ def generate_batch(
     seed + i; one prompt is a batch of one. Prints one JSON object per prompt in file order, or (one prompt without
     --json) the run in colour."""
     target, draft = load_pair(settings.pair, ModelCache(), progress, allow_local=True, dtype=settings.dtype)
-    prompts = [chat_prompt_ids(target, text, chat=not args.no_chat)[0].tolist() for text in texts]
+    prompts = [prompt_token_ids(target, text, chat=not args.no_chat) for text in texts]
     for number, prompt in enumerate(prompts, start=1):  # every prompt fits before anything runs
         try:
             check_prompt_fits(len(prompt), settings.speculative.max_new_tokens, target.context_length)

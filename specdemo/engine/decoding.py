@@ -26,7 +26,8 @@ from specdemo.core.verify import CandidateVerdict, Verify, first_nonfinite, veri
 from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, hidden_layers
 from specdemo.engine.cost_watch import watch
 from specdemo.models.fixed_shape import SEED_BITS, ChainRequest, FixedShapeModel
-from specdemo.models.loading import device_memory, release_device_memory
+from specdemo.models.graphs import free_cached_memory
+from specdemo.models.loading import device_memory
 from specdemo.models.passes import verifier_for
 from specdemo.models.tree_cache import RowRequest
 
@@ -394,7 +395,7 @@ class BatchDecoder:
         self.verifier = verifier_for(self.verifier.model, self.verifier.hidden_layers)
         for key in self.rows:
             self.drafter.forget(key)
-        release_device_memory(self.verifier.device)
+        free_cached_memory(self.verifier.device)
 
     def _leave(self, keys: list[Hashable], error: Exception) -> list[tuple[Hashable, Round | Exception]]:
         for key in keys:

@@ -57,14 +57,18 @@ class PassRunner:
     sliding_window: int | None
     hidden_layers: tuple[int, ...]
 
+    def live_model(self) -> PreTrainedModel:
+        model = self.model()
+        assert model is not None, "a kept program outlived its model"
+        return model
+
     def run_pass(
         self,
         group: Group,
         *inputs: torch.Tensor | int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The model's pass (self.forward), for a program that holds its model weakly."""
-        model = self.model()
-        assert model is not None, "a kept program outlived its model"
+        model = self.live_model()
         return self.forward(model, group, *inputs)
 
     def forward(
@@ -83,8 +87,7 @@ class PassRunner:
         """The pass of a group's programs over the chains in `inputs` ([R, >= 4n] float64), compiled where fusion is on
         (models/fusion.py): [R, n, V] logits and [R, n, L*H] hidden states or None. A compiled pass takes the group's
         tables as tensors, so an eager pass that writes only the scratch slot makes them where none are yet."""
-        model = self.model()
-        assert model is not None, "a kept program outlived its model"
+        model = self.live_model()
         function = functools.partial(program_pass, self.constants)
         run = fusion.fused(model, ("pass", self.hidden_layers, group.slots), function)
         if run is None:
@@ -112,8 +115,7 @@ class PassRunner:
         (and [R, L*H] hidden states where the next round's logits were read). The group's seen rows follow the emitted
         tokens when a row has a penalty."""
         logits, hidden = self.chain_pass(group, inputs)
-        model = self.model()
-        assert model is not None, "a kept program outlived its model"
+        model = self.live_model()
         rule = functools.partial(round_rule, sampled, views)
         mode = ("rule", self.hidden_layers, sampled, penalty, bool(draft_probs), views)
         run = fusion.fused(model, mode, rule) or rule

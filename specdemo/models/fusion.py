@@ -69,8 +69,10 @@ def fused(model: torch.nn.Module, mode: Hashable, function: Callable[..., Any]) 
     """`function` (a plain function, or a partial of one over constants) compiled for `model` and `mode`, made at the
     mode's first use; None where fusion is off for the model's device or a compile of the model's failed. The compiled
     function is the first use's: later callers pass the same function for the same mode."""
+    if not uses_fusion(next(model.parameters()).device):
+        return None
     fusion = _fusion(model)
-    if fusion.failed or not uses_fusion(next(model.parameters()).device):
+    if fusion.failed:
         return None
     found = fusion.functions.get(mode)
     if found is None:

@@ -23,7 +23,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from specdemo.models.graphs import DEVICE_WORK, free_cached_memory, wait
+from specdemo.models.graphs import DEVICE_WORK, wait
 from specdemo.models.offline import OFFLINE_MODELS, Progress, offline_source
 from specdemo.models.passes import capture_at_load
 from specdemo.models.platform import on_zerogpu, zerogpu_memory_bytes
@@ -343,11 +343,6 @@ def device_memory(device: torch.device) -> tuple[int, int]:
         return torch.cuda.mem_get_info(device)
     memory = psutil.virtual_memory()
     return memory.available, memory.total
-
-
-def release_device_memory(device: torch.device) -> None:
-    """Give back what PyTorch's allocator holds but no tensor uses, after a pass ran out of memory."""
-    free_cached_memory(device)
 
 
 def readable_bytes(size: float) -> str:

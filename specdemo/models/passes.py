@@ -4,7 +4,6 @@ in order (models/tree_cache.py, models/attention.py). The engine asks `verifier_
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 
@@ -15,7 +14,7 @@ from specdemo.config import SamplingConfig
 from specdemo.models import fusion
 from specdemo.models.fixed_pass import ChainRequest
 from specdemo.models.fixed_shape import MIN_SLOTS, FixedShapeModel
-from specdemo.models.graphs import capture_failed, empty_cuda_cache, uses_graphs
+from specdemo.models.graphs import capture_failed, free_cached_memory, uses_graphs
 from specdemo.models.pools import pools_for
 from specdemo.models.tree_cache import TreeCachedModel
 
@@ -101,6 +100,4 @@ def _let_go(passes: FixedShapeModel) -> None:
     """What the load's rounds made goes (their group and its programs, the model's idle groups), and on CUDA what the
     allocator keeps unused."""
     passes.close()
-    gc.collect()  # a round that ran out of memory leaves its tensors in reference cycles
-    if passes.device.type == "cuda":
-        empty_cuda_cache()
+    free_cached_memory(passes.device)  # a round that ran out of memory leaves its tensors in reference cycles
