@@ -1,6 +1,6 @@
 """The planted bugs: each a mistake real samplers made, planted around the very rule the engine runs (verify_rows),
-so the audit's control and its mutants run the same code; and the coupled rule's, planted in its noise (the engine's
-`noise` seam): each reads the noise at the wrong positions."""
+so the audit's control and its mutants run the same code; and the coupled rule's, planted in its noise: each reads
+the noise at the wrong positions. `planted_rule` hands either to the engine as a rule (core/rules.py)."""
 
 # B = rows, W = num_candidates, K = num_draft_tokens, n = positions a round decides (K+1), V = vocab_size
 
@@ -14,6 +14,7 @@ import torch
 
 from specdemo.config import MAX_NUM_DRAFT_TOKENS
 from specdemo.core.coupled import Noise, NoiseAsk, gumbel_noise, position_noise
+from specdemo.core.rules import CoupledRule, Rule, StandardRule
 from specdemo.core.sampling import sample_from_probs
 from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
 
@@ -197,3 +198,9 @@ def batch_noise(
     """noise_for(bug) for many rows at once, row b's as noise_for(bug) gives it for row b's NoiseAsk (the toy audit
     decides many rows' rounds together)."""
     return gumbel_noise(seeds, NOISE_POSITIONS[bug](starts, count, rounds, drafts), vocab_size)
+
+
+def planted_rule(rule: str, bug: str) -> Rule:
+    """The engine's rule named `rule` ("standard" or "coupled", SamplingConfig.rule) with the named bug planted: the
+    rule BatchDecoder is given. With "none", the engine's own."""
+    return CoupledRule(noise_for(bug)) if rule == "coupled" else StandardRule(verifier(bug))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdemo.audit.bugs import noise_for, verifier
+from specdemo.audit.bugs import planted_rule
 from specdemo.audit.statistics import (
     MIN_P_VALUE,
     NOISE_QUANTILE,
@@ -20,8 +20,7 @@ from specdemo.audit.statistics import (
     two_sample_noise_tv,
 )
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.core.coupled import Noise, position_noise
-from specdemo.core.verify import Verify, verify_rows
+from specdemo.core.rules import Rule
 from specdemo.drafters.base import Drafter, NoDrafter
 from specdemo.engine.decoding import BatchDecoder
 
@@ -61,7 +60,7 @@ def model_audit(
     and num_samples times with the target alone, as rows of batches with seeds sampling.seed + i; the two samples'
     sequences compared with a two-sample chi-square test, and their TV with the noise band. A row may emit K more
     tokens than it keeps, so that its first rounds draft all K. Under the coupled rule (sampling.is_coupled) the bug
-    is planted in the noise (bugs.noise_for), the target alone samples by the standard rule (code that shares no noise
+    is planted in the noise (bugs.planted_rule), the target alone samples by the standard rule (code sharing no noise
     with the rule audited), and a third side, the target alone under the same noise with the speculative side's seeds,
     must write each seed's very text."""
     assert not sampling.is_greedy, "greedy decoding has nothing to sample"
@@ -95,16 +94,16 @@ def _sides(
     speculative side with the bug planted, the target alone on other seeds, and under the coupled rule the target
     alone under the same noise on the speculative side's seeds."""
 
-    def decoder(drafter_used: Drafter, verify: Verify = verify_rows, noise: Noise = position_noise) -> BatchDecoder:
-        return BatchDecoder(target, drafter_used, eos_token_ids, verify, noise=noise)  # type: ignore[arg-type]
+    def decoder(drafter_used: Drafter, planted: Rule | None = None) -> BatchDecoder:
+        return BatchDecoder(target, drafter_used, eos_token_ids, rule=planted)  # type: ignore[arg-type]
 
+    planted = planted_rule(sampling.rule if sampling.is_coupled else "standard", bug)
     if not sampling.is_coupled:
-        return [(decoder(drafter, verifier(bug)), sampling, 0), (decoder(NoDrafter()), sampling, 1)]
-    noise = noise_for(bug)
+        return [(decoder(drafter, planted), sampling, 0), (decoder(NoDrafter()), sampling, 1)]
     return [
-        (decoder(drafter, noise=noise), sampling, 0),
+        (decoder(drafter, planted), sampling, 0),
         (decoder(NoDrafter()), replace(sampling, rule="standard"), 1),  # exact by code that shares no noise with it
-        (decoder(NoDrafter(), noise=noise), sampling, 0),  # the same noise and seeds: each seed's very text
+        (decoder(NoDrafter(), planted), sampling, 0),  # the same noise and seeds: each seed's very text
     ]
 
 

@@ -28,6 +28,12 @@ class PositionView:
     residual_rest: float
 
 
+def _largest(values: torch.Tensor) -> list[int]:  # [V] -> the TOP_ENTRIES largest positive ones' indices
+    """The largest entries, largest first and ties by the smaller id, whatever order the kernel's top-k gives them."""
+    top = values.topk(min(TOP_ENTRIES, len(values))).indices
+    return sorted(top[values[top] > 0].tolist(), key=lambda i: (-float(values[i]), i))
+
+
 def _view(
     p: torch.Tensor,  # [V]
     q: torch.Tensor,  # [V]
@@ -36,12 +42,10 @@ def _view(
     vocab: torch.Tensor | None,  # [V] the token ids of a compact V
 ) -> PositionView:
     """The top entries of one position: by max(p, q), then by the residual, and the marked tokens."""
-    top = torch.maximum(p, q).topk(min(TOP_ENTRIES, len(p))).indices
-    top = top[torch.maximum(p, q)[top] > 0]
+    top = _largest(torch.maximum(p, q))
     if residual is not None:
-        extra = residual.topk(min(TOP_ENTRIES, len(p))).indices
-        top = torch.cat([top, extra[residual[extra] > 0]])
-    kept = list(dict.fromkeys([*top.tolist(), *marked]))  # each once, in that order
+        top += _largest(residual)
+    kept = list(dict.fromkeys([*top, *marked]))  # each once, in that order
     top = torch.tensor(kept, dtype=torch.long, device=p.device)
     ids = vocab[top] if vocab is not None else top
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch.nn.functional import pad
 
-from specdemo.core.coupled import verify_coupled
-from specdemo.core.verify import CandidateVerdict, Verify
+from specdemo.core.rules import Rule
+from specdemo.core.verify import CandidateVerdict
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,9 @@ class RuleInputs:
     target_probs: torch.Tensor  # [W, K+1, V] p along candidate w's path, position j after its first j tokens
     uniforms: torch.Tensor  # [K*W + 1] float64: the test of candidate w at depth j uses j*W + w, the last is final
     vocab: torch.Tensor  # [V] int64 sorted, the token ids V stands for (0 past them when padded); empty: all of them
-    noise: torch.Tensor | None = None  # [K+1, V] float64 the coupled rule's G at the round's positions; None: the
-    # standard rule (rows of one batch all have it or none does)
+    rule: Rule  # what decides the row (rows decided together share it)
+    noise: torch.Tensor | None = None  # [K+1, V] float64 the coupled rule's G at the round's positions; None for a
+    # rule without noise
 
     def padded(self, num_candidates: int, depth: int, vocab_size: int) -> RuleInputs:
         """The row at a W, K and V no smaller than its own: padding candidates have length 0, so they are never tested;
@@ -45,6 +46,7 @@ class RuleInputs:
             target_probs=pad(self.target_probs, (0, extra, 0, more_depth, 0, more_candidates)),
             uniforms=draws,
             vocab=pad(self.vocab, (0, extra)) if len(self.vocab) else self.vocab,
+            rule=self.rule,
             noise=None if self.noise is None else pad(self.noise, (0, extra, 0, more_depth)),
         )
 
@@ -59,16 +61,13 @@ class RuleBatch:
     target_probs: torch.Tensor  # [B, W, K+1, V]
     uniforms: torch.Tensor  # [B, K*W + 1] float64
     vocabs: torch.Tensor  # [B, V] int64 each row's token ids; [B, 0]: the whole vocabulary
-    noise: torch.Tensor | None = None  # [B, K+1, V] float64: the coupled rule decides these rows
+    rule: Rule
+    noise: torch.Tensor | None = None  # [B, K+1, V] float64 where the rule reads noise
 
-    def verdict(self, verify: Verify) -> CandidateVerdict:
-        """The rule's verdict on every row (`verify`, or the coupled rule where the rows carry noise), each row's next
-        token named in the whole vocabulary."""
+    def verdict(self) -> CandidateVerdict:
+        """The rule's verdict on every row, each row's next token named in the whole vocabulary."""
         ids, lengths, draft, target = self.draft_token_ids, self.draft_lengths, self.draft_probs, self.target_probs
-        if self.noise is not None:
-            verdict = verify_coupled(ids, lengths, draft, target, self.noise)
-        else:
-            verdict = verify(ids, lengths, draft, target, self.uniforms)
+        verdict = self.rule.decide(ids, lengths, draft, target, self.uniforms, self.noise)
         if not self.vocabs.shape[1]:
             return verdict
         local = verdict.next_token_ids  # [B] indices into each row's V'
@@ -82,8 +81,8 @@ def pad_rows(rows: Sequence[RuleInputs]) -> RuleBatch:
     depth = max(row.draft_token_ids.shape[1] for row in rows)
     vocab_size = max(row.target_probs.shape[-1] for row in rows)
     padded = [row.padded(num_candidates, depth, vocab_size) for row in rows]
-    coupled = {row.noise is not None for row in rows}
-    assert len(coupled) == 1, "pad_rows takes rows of one rule: all with noise (coupled) or none"
+    rules = {row.rule for row in rows}
+    assert len(rules) == 1, f"pad_rows takes rows of one rule, got {rules}"
     return RuleBatch(
         draft_token_ids=torch.stack([row.draft_token_ids for row in padded]),
         draft_lengths=torch.stack([row.draft_lengths for row in padded]),
@@ -91,5 +90,6 @@ def pad_rows(rows: Sequence[RuleInputs]) -> RuleBatch:
         target_probs=torch.stack([row.target_probs for row in padded]),
         uniforms=torch.stack([row.uniforms for row in padded]),
         vocabs=torch.stack([row.vocab for row in padded]),
-        noise=torch.stack([row.noise for row in padded]) if coupled == {True} else None,  # type: ignore[misc]
+        rule=rows[0].rule,
+        noise=None if rows[0].noise is None else torch.stack([row.noise for row in padded]),  # type: ignore[misc]
     )

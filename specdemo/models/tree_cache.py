@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
+from dataclasses import replace
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
+from specdemo.core.eager_round import decide_rows
+from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
 from specdemo.models.attention import min_gemm_rows, use_tree_attention
 from specdemo.models.graphs import DEVICE_WORK, wait
 from specdemo.models.layout import HOLE, PassPlan, RowRequest, TreeLayout
@@ -139,15 +142,43 @@ class CachedModel:
         self.last_forward_seconds = 0.0
         self.last_input_lengths: dict[Hashable, int] = {}  # tokens fed per row in the latest call
         self.last_hidden_states: dict[Hashable, torch.Tensor] = {}  # per row asked, the hidden_layers' states
-        # (concatenated, L*H) where its logits were read, arranged as `logits` arranges them ([W, K+1, L*H] or
-        # [W, L*H]), if kept
+        # (concatenated, F) where its logits were read, arranged as `logits` arranges them ([W, K+1, F] or
+        # [W, F]), if kept
+        self.last_rule_seconds = 0.0  # of the latest decide, the seconds the eager rule took after the pass
 
     @property
     def keep_hidden_states(self) -> bool:
         return bool(self.hidden_layers)
 
+    def logits(self, asked: dict[Hashable, RowRequest]) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def drop(self, key: Hashable) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Every row leaves and nothing is kept (a decoder starting afresh after running out of memory)."""
+
+    @torch.inference_mode()
+    def decide(self, asked: dict[Hashable, RoundAsk]) -> dict[Hashable, RowVerdict | Overflowed | Exception]:
+        """Every row's round: one pass for the target's logits along each candidate, then the eager rule
+        (core/eager_round.py). Each verdict carries the tokens the pass read for its row and, where they are kept,
+        the hidden states where the next round's logits were read."""
+        logits = self.logits(
+            {key: RowRequest(a.trunk_ids, a.candidates, "all", a.capacity) for key, a in asked.items()}
+        )
+        started = time.perf_counter()
+        decided = dict(zip(asked, decide_rows(list(asked.values()), logits), strict=True))
+        for key, outcome in decided.items():
+            if isinstance(outcome, RowVerdict):
+                path, accepted = outcome.path, outcome.num_accepted
+                hidden = self.last_hidden_states[key][path, accepted] if self.hidden_layers else None
+                decided[key] = replace(outcome, num_input_tokens=self.last_input_lengths[key], hidden_state=hidden)
+        self.last_rule_seconds = time.perf_counter() - started
+        return decided
+
     def read_hidden(self, hidden_states: tuple[torch.Tensor, ...], num_logits: int) -> torch.Tensor:
-        """[B, num_logits, L*H]: the hidden_layers' states where the logits were read, concatenated."""
+        """[B, num_logits, F]: the hidden_layers' states where the logits were read, concatenated."""
         return torch.cat([hidden_states[layer][:, -num_logits:] for layer in self.hidden_layers], dim=-1)
 
 

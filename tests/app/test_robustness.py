@@ -19,7 +19,7 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
 import specdemo.app.tabs.one_prompt as one_prompt
-import specdemo.engine.decoding
+import specdemo.core.eager_round
 import specdemo.engine.scheduler
 from benchmarks.load import (
     BOUNDS,
@@ -268,14 +268,14 @@ def test_every_bad_input_gets_one_clear_sentence_and_the_app_keeps_serving(clien
 def test_a_failure_in_one_row_reaches_only_its_user(client, app, monkeypatch):
     """A fault injected into one run's probabilities (seed 666) while another run shares its passes: that user gets
     the failure in one sentence, the other run completes, and the app keeps serving."""
-    real = specdemo.engine.decoding.logits_to_probs
+    real = specdemo.core.eager_round.logits_to_probs
 
     def faulty(logits, contexts, sampling, warpers):
         if sampling.seed == 666:
             raise RuntimeError("CUDA out of memory (simulated)")
         return real(logits, contexts, sampling, warpers)
 
-    monkeypatch.setattr(specdemo.engine.decoding, "logits_to_probs", faulty)
+    monkeypatch.setattr(specdemo.core.eager_round, "logits_to_probs", faulty)
     other = Client(app, verbose=False).submit(
         **settings("Write a short poem about the sea.", temperature=0.8, max_new_tokens=40, compare=False),
         api_name="/generate",
@@ -322,14 +322,14 @@ def test_running_out_of_device_memory_is_one_sentence_and_the_run_beside_it_goes
 
 
 def test_a_failure_in_a_batch_is_one_sentence_and_the_app_keeps_serving(client, monkeypatch):
-    real = specdemo.engine.decoding.logits_to_probs
+    real = specdemo.core.eager_round.logits_to_probs
 
     def faulty(logits, contexts, sampling, warpers):
         if sampling.seed == 701:  # the batch's second prompt (seed 700 + 1)
             raise RuntimeError("CUDA out of memory (simulated)")
         return real(logits, contexts, sampling, warpers)
 
-    monkeypatch.setattr(specdemo.engine.decoding, "logits_to_probs", faulty)
+    monkeypatch.setattr(specdemo.core.eager_round, "logits_to_probs", faulty)
     with pytest.raises(
         AppError,
         match=r"^The batch failed, and the app is still serving: .* "

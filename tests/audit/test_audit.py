@@ -28,7 +28,7 @@ from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.coupled import NoiseAsk, coupled_choice, gumbel_noise, position_noise
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
-from specdemo.drafters import ModelDrafter
+from specdemo.drafters import ModelDrafter, NoDrafter
 from specdemo.drafters.recurrent import RecurrentDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate
 from tests.helpers import TINY_VOCAB, tiny_drafter, tiny_model
@@ -74,7 +74,7 @@ def test_redrafters_rule_is_exact_for_one_beam_or_greedy(num_candidates):
 
 
 def test_the_control_and_every_planted_bug_wrap_the_rule_the_engine_runs(monkeypatch):
-    engine_rule = inspect.signature(BatchDecoder).parameters["verify"].default
+    engine_rule = BatchDecoder(tiny_model(1), NoDrafter(), frozenset()).rules["standard"].verify
     assert rejection_sample.__globals__["verify_rows"] is engine_rule  # what rejection_sample (and the GPU tests) run
     for bug in BUGS:
         assert inspect.unwrap(verifier(bug)) is engine_rule, bug
@@ -246,7 +246,8 @@ def test_target_only_coupled_sampling_follows_p():
 def test_the_toy_audit_runs_the_noise_the_engine_runs():
     """The engine's default noise is the control's, and batch_noise gives each row what noise_for gives its NoiseAsk
     (drafts short of K, and none at all as the target alone asks), for the control and every bug."""
-    assert inspect.signature(BatchDecoder).parameters["noise"].default is position_noise is noise_for("none")
+    engine_noise = BatchDecoder(tiny_model(1), NoDrafter(), frozenset()).rules["coupled"].noise
+    assert engine_noise is position_noise is noise_for("none")
     cpu = torch.device("cpu")
     asks = [  # (seed, start, count, round, the first candidate's draft, V)
         NoiseAsk(5, 9, 4, 2, (3, 0, 7), 16, cpu),

@@ -8,7 +8,8 @@ from dataclasses import replace
 import torch
 
 from specdemo.core.rule_inputs import RuleInputs, pad_rows
-from specdemo.core.verify import CandidateVerdict, verify_rows
+from specdemo.core.rules import STANDARD
+from specdemo.core.verify import CandidateVerdict
 
 NUM_PAIRS = 40
 
@@ -26,6 +27,7 @@ def random_row(generator: torch.Generator, width: int, depth: int, vocab_ids: li
         target_probs=target_probs,
         uniforms=torch.rand(depth * width + 1, dtype=torch.float64, generator=generator),
         vocab=torch.tensor(vocab_ids),
+        rule=STANDARD,
     )
 
 
@@ -62,8 +64,8 @@ def decisions(verdict: CandidateVerdict) -> tuple[int, int, int]:
 
 def test_a_row_padded_beside_a_larger_one_gets_its_own_verdict():
     for row, larger in pairs():
-        alone = pad_rows([row]).verdict(verify_rows)
-        beside = pad_rows([row, larger]).verdict(verify_rows)
+        alone = pad_rows([row]).verdict()
+        beside = pad_rows([row, larger]).verdict()
         assert same(row_zero(alone, 2, 2), row_zero(beside, 2, 2))
         assert int(beside.next_token_ids[0]) in row.vocab.tolist()  # never a padding token
         assert int(beside.next_token_ids[1]) in larger.vocab.tolist()
@@ -73,9 +75,9 @@ def test_draws_padded_at_the_end_change_some_verdict():
     """Planted: the row's K*W draws kept in order at the front, so test (j, w) reads another draw beside a wider row."""
     changed = 0
     for row, larger in pairs():
-        alone = pad_rows([row]).verdict(verify_rows)
+        alone = pad_rows([row]).verdict()
         batch = pad_rows([row, larger])
         flat = batch.uniforms.clone()  # [B, K*W + 1]
         flat[0] = torch.cat([row.uniforms[:-1], flat.new_zeros(flat.shape[1] - len(row.uniforms)), row.uniforms[-1:]])
-        changed += decisions(alone) != decisions(replace(batch, uniforms=flat).verdict(verify_rows))
+        changed += decisions(alone) != decisions(replace(batch, uniforms=flat).verdict())
     assert changed > 0, "the planted padding went unnoticed"

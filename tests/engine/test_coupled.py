@@ -18,6 +18,7 @@ import torch
 from specdemo.audit.bugs import noise_for
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.coupled import Noise, position_noise
+from specdemo.core.rules import CoupledRule
 from specdemo.drafters import Drafter, ModelDrafter, NoDrafter
 from specdemo.engine.decoding import BatchDecoder, DrafterFailed
 from specdemo.engine.drafting import build_drafter
@@ -48,7 +49,7 @@ def texts(
     noise: Noise = position_noise,
 ) -> list[list[int]]:
     """Each row's tokens, `batch_size` rows decoded at a time (a finished row's place goes to the next)."""
-    decoder = BatchDecoder(target, drafter, frozenset(), noise=noise)
+    decoder = BatchDecoder(target, drafter, frozenset(), rule=CoupledRule(noise))
     out: dict[Hashable, list[int]] = {i: [] for i in range(len(rows))}
     waiting = list(range(len(rows)))
     while waiting or decoder.rows:
@@ -172,7 +173,8 @@ def test_coupled_and_standard_rows_share_passes_and_each_writes_its_own_text(tin
 
 @pytest.mark.parametrize("kind", ["model", "hybrid"])
 def test_coupled_text_on_the_gpus_fixed_shape_passes(tiny, kind, monkeypatch):
-    """The GPU's path dry-run: fixed-shape passes; coupled rows take the logits and the eager rule."""
+    """The GPU's path dry-run: fixed-shape passes; coupled rows with one candidate run in the round program, with
+    three the eager rule on the fixed-shape logits."""
     monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, "fixed")
     target, draft, head, alone = tiny
     spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=3, max_new_tokens=NEW_TOKENS)

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-import specdemo.engine.decoding
+import specdemo.core.eager_round
 import specdemo.engine.scheduler
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids
@@ -182,7 +182,7 @@ def test_a_stopped_stream_never_read_again_leaves_at_the_next_round(tiny_target,
 def test_a_failing_row_fails_only_its_own_run(tiny_target, monkeypatch):
     """A fault injected into one row's probabilities, once it has decoded a few tokens beside the others, reaches
     that row's stream only."""
-    real = specdemo.engine.decoding.logits_to_probs
+    real = specdemo.core.eager_round.logits_to_probs
     bad = DecodeRequest(PROMPTS[1], SamplingConfig(temperature=1.0, seed=13), SpeculativeConfig(max_new_tokens=30))
     shared: list[int] = []
 
@@ -192,7 +192,7 @@ def test_a_failing_row_fails_only_its_own_run(tiny_target, monkeypatch):
             raise RuntimeError("injected fault")
         return real(logits, contexts, sampling, warpers)
 
-    monkeypatch.setattr(specdemo.engine.decoding, "logits_to_probs", faulty)
+    monkeypatch.setattr(specdemo.core.eager_round, "logits_to_probs", faulty)
     rows = requests()
     lock = threading.Lock()
     scheduler = Scheduler(tiny_target, NgramDrafter(3, 1), EOS, lock)
