@@ -34,8 +34,10 @@ from benchmarks.common import load, parser
 from benchmarks.cuda_graphs import SMOLLM2_135M
 from specdemo.config import SamplingConfig
 from specdemo.core.chain_round import packed_columns
+from specdemo.core.rules import STANDARD
+from specdemo.core.verdicts import RoundAsk
 from specdemo.models import fusion, graphs, passes
-from specdemo.models.fixed_pass import PASS_COLUMNS, ChainRequest, staging_for, write_row
+from specdemo.models.fixed_pass import PASS_COLUMNS, staging_for, write_row
 from specdemo.models.fixed_shape import FixedShapeModel
 from specdemo.models.layout import RowRequest
 from specdemo.models.pools import PASS_ROWS
@@ -88,7 +90,7 @@ def round_inputs(verifier: FixedShapeModel, prompt: list[int], sampling: Samplin
     staging = staging_for(group, packed_columns(PASS_COLUMNS), verifier.device)
     staging.write[:] = staging.blank
     write_row(
-        staging.write[chain.local], ChainRequest(prompt, prompt[:drafted], 2 * PROMPT_TOKENS, sampling, 1, 0, None)
+        staging.write[chain.local], RoundAsk(prompt, [prompt[:drafted]], 2 * PROMPT_TOKENS, sampling, STANDARD, 1, 0, 0)
     )
     if sampling.repetition_penalty != 1.0 and group.seen is None:
         group.seen = torch.zeros(PASS_ROWS, verifier.vocab_size, dtype=torch.bool, device=verifier.device)

@@ -62,6 +62,8 @@ from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.pools import pools_for, release_pools
 from specdemo.models.tree_cache import TreeCachedModel
 from tests.helpers import FREE, hf_greedy, tiny_model, train_tiny_head
+from tests.models.test_chain_verdict import assert_same
+from tests.models.test_chain_verdict import verdicts as chain_verdicts
 from tests.models.test_fixed_shape import stepped_logits, verified_logits
 from tools.gpu.table import table
 
@@ -467,6 +469,21 @@ def test_the_coupled_noise_is_the_same_bits_on_the_device():
     record("coupled", noise_bits_identical=bool(on_cpu.equal(on_device)), gumbel_max_difference=difference,
            same_choices=same_choices)  # fmt: skip
     assert on_cpu.equal(on_device) and same_choices
+
+
+def test_the_round_programs_verdict_is_the_eager_rules_on_the_device():
+    """tests/models/test_chain_verdict.py's group (standard and coupled rows, greedy and sampled, a sampling drafter's
+    q) on the device's kernels: each row's verdict from the round program's rule equals the eager rule's, field by
+    field (floats within 1e-6 relative)."""
+    asks, program, eager = chain_verdicts(DEVICE)
+    mismatches = []
+    for r, (mine, theirs) in enumerate(zip(program, eager, strict=True)):
+        try:
+            assert_same(mine, theirs, f"row {r}")
+        except AssertionError as error:
+            mismatches.append(str(error)[:200])
+    record("coupled", program_verdicts_equal_eager=f"{len(asks) - len(mismatches)}/{len(asks)}")
+    assert not mismatches, mismatches
 
 
 def coupled_texts(subject: Subject, drafter: Drafter, spec: SpeculativeConfig, batch_size: int) -> list[list[int]]:

@@ -17,9 +17,12 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdemo.config import MAX_NUM_DRAFT_TOKENS, SamplingConfig
-from specdemo.core.chain_round import decide_chains
+from specdemo.config import MAX_NUM_DRAFT_TOKENS
+from specdemo.core.chain_round import CoupledRows, decide_chains
+from specdemo.core.coupled import gumbel_noise
 from specdemo.core.fixed_rule import RowSettings
+from specdemo.core.rules import CoupledRule
+from specdemo.core.verdicts import RoundAsk
 from specdemo.core.verify import select_positions
 from specdemo.models import fusion, graphs
 from specdemo.models.layout import HOLE
@@ -30,22 +33,8 @@ PASS_COLUMNS = MAX_NUM_DRAFT_TOKENS + 1  # n: a chain is the sequence's last tok
 # The columns of a round's input buffer [R, INPUT_COLUMNS] float64: ids, positions, write slots and real (n each),
 # then one column each for these
 ROW_COLUMNS = ("drafted", "row_real", "seed", "draws", "greedy", "temperature", "top_k", "top_p_drop", "top_p_on",
-               "penalty", "sampled_draft")  # fmt: skip
+               "penalty", "sampled_draft", "coupled")  # fmt: skip
 INPUT_COLUMNS = 4 * PASS_COLUMNS + len(ROW_COLUMNS)
-
-
-@dataclass(frozen=True)
-class ChainRequest:
-    """What one one-candidate row asks of a round decided on the device (FixedShapeModel.decide)."""
-
-    trunk_ids: list[int]  # the sequence so far
-    draft_ids: list[int]  # its candidate (may be empty)
-    capacity: int  # the most tokens it will hold
-    sampling: SamplingConfig
-    seed: int  # its draw stream (< 2**SEED_BITS), and the draws it used before
-    draws: int
-    draft_probs: torch.Tensor | None  # [K, V] q of a sampled draft; None: deterministic
-    views: bool = True  # the inspector's entries packed; a round whose rows all say False leaves them out
 
 
 @dataclass(frozen=True)
@@ -110,14 +99,15 @@ class PassRunner:
         inputs: torch.Tensor,  # [R, INPUT_COLUMNS] float64
         *draft_probs: torch.Tensor,  # [R, K, V] when given
         views: bool = True,  # the inspector's entries packed (a row asks for them)
+        coupled: bool = False,  # some row runs the coupled rule: its noise is drawn
     ) -> tuple[torch.Tensor, ...]:
         """A whole group's round: the pass, then the rule (round_rule), each compiled where fusion is on; [R, P] packed
         (and [R, L*H] hidden states where the next round's logits were read). The group's seen rows follow the emitted
         tokens when a row has a penalty."""
         logits, hidden = self.chain_pass(group, inputs)
         model = self.live_model()
-        rule = functools.partial(round_rule, sampled, views)
-        mode = ("rule", self.hidden_layers, sampled, penalty, bool(draft_probs), views)
+        rule = functools.partial(round_rule, sampled, views, coupled)
+        mode = ("rule", self.hidden_layers, sampled, penalty, bool(draft_probs), views, coupled)
         run = fusion.fused(model, mode, rule) or rule
         seen = group.seen if penalty else None
         packed, seen_after, kept = run(inputs, logits, seen, draft_probs[0] if draft_probs else None, hidden)
@@ -185,14 +175,15 @@ def program_pass(
 def round_rule(
     sampled: bool,  # some row samples
     views: bool,  # the inspector's entries packed
+    coupled: bool,  # some row runs the coupled rule
     inputs: torch.Tensor,  # [R, INPUT_COLUMNS] float64
     logits: torch.Tensor,  # [R, n, V] the pass's
     seen: torch.Tensor | None,  # [R, V] bool where a row has a penalty
     draft_probs: torch.Tensor | None,  # [R, K, V] where a row sampled its draft
     hidden: torch.Tensor | None,  # [R, n, L*H] the pass's kept hidden states
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # [R, P], [R, V] seen after, [R, L*H]
-    """A round's rule from the pass (core/chain_round.py) for the rows' settings in the input buffer; the hidden states
-    where the next round's logits were read."""
+    """A round's rule from the pass (core/chain_round.py) for the rows' settings and rules in the input buffer (a
+    coupled row's noise from its seed and positions); the hidden states where the next round's logits were read."""
     column = dict(zip(ROW_COLUMNS, inputs[:, 4 * PASS_COLUMNS :].unbind(1), strict=True))  # each [R]
     settings = RowSettings(
         greedy=column["greedy"].bool(),
@@ -215,8 +206,21 @@ def round_rule(
         column["sampled_draft"].bool(),
         sampled,
         views,
+        _coupled_rows(inputs, column, logits.shape[-1]) if coupled else None,
     )
     return packed, seen_after, None if hidden is None else select_positions(hidden, accepted)
+
+
+def _coupled_rows(
+    inputs: torch.Tensor,  # [R, INPUT_COLUMNS] float64
+    column: dict[str, torch.Tensor],  # the rows' columns, each [R]
+    vocab_size: int,
+) -> CoupledRows:
+    """The coupled rows, and every row's noise at its round's positions: from its sequence's length (column 0's
+    position + 1) on, integer operations on the device (core/coupled.gumbel_noise)."""
+    n = PASS_COLUMNS
+    positions = inputs[:, n : n + 1].long() + 1 + torch.arange(n, device=inputs.device)  # [R, n]
+    return CoupledRows(column["coupled"].bool(), gumbel_noise(column["seed"].long(), positions, vocab_size))
 
 
 def pass_inputs(inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [R, >= 4n] float64 -> 4 x [R, n]
@@ -284,27 +288,30 @@ def staging_for(group: Group, num_packed: int, device: torch.device) -> Staging:
     return Staging(inputs, outputs, blank)
 
 
-def write_row(row: np.ndarray, request: ChainRequest) -> None:  # row [INPUT_COLUMNS] float64
-    """One row's inputs: its last token and draft at its canonical slots, its settings and its draw stream."""
-    n, count = PASS_COLUMNS, len(request.draft_ids) + 1
-    start = len(request.trunk_ids) - 1
-    row[0] = request.trunk_ids[-1]
-    row[1:count] = request.draft_ids
+def write_row(row: np.ndarray, ask: RoundAsk) -> None:  # row [INPUT_COLUMNS] float64
+    """One row's inputs: its last token and candidate at its canonical slots, its settings, its rule and its draw
+    stream (or noise seed)."""
+    draft_ids = ask.candidates[0] if ask.candidates else []
+    n, count = PASS_COLUMNS, len(draft_ids) + 1
+    start = len(ask.trunk_ids) - 1
+    row[0] = ask.trunk_ids[-1]
+    row[1:count] = draft_ids
     row[n : n + count] = row[2 * n : 2 * n + count] = range(start, start + count)
     row[3 * n : 3 * n + count] = 1.0
-    sampling = request.sampling
+    sampling = ask.sampling
     row[4 * n :] = (
         count - 1,
         1.0,
-        request.seed,
-        request.draws,
+        ask.seed,
+        ask.draws,
         sampling.is_greedy,
         1.0 if sampling.is_greedy else sampling.temperature,
         sampling.top_k,
         1.0 - sampling.top_p,  # in float64, as transformers computes it, then float32 on the device
         sampling.top_p < 1.0,
         sampling.repetition_penalty,
-        request.draft_probs is not None,
+        ask.draft_probs is not None,
+        isinstance(ask.rule, CoupledRule),
     )
 
 

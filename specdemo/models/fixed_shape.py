@@ -10,14 +10,15 @@ query always sees slots 0..t, and every product it takes part in has the same sh
 their own, whose shape depends on the prompt alone. So greedy speculative text equals target-only text, and a row's
 text is the same in any batch, bit for bit (docs/how-it-works.md; tests/models/test_fixed_shape.py).
 
-Rows decode in groups of PASS_ROWS chain rows kept for the process (models/pools.py). On CUDA a group's round is
-one captured program (models/graphs.py, models/fixed_pass.py): the pass, the user's settings, the rule and the
-inspector's entries (core/chain_round.py), read from one input buffer and read back in one copy, so the host waits
-once a round, on an event recorded on its stream (graphs.wait), never on the whole device. A replay runs the kernels
-its capture recorded, so its numbers are the eager program's bit for bit. Passes and rounds hold graphs.DEVICE_WORK,
-as every capture does, so one capture runs at a time and no other device work meets it. A capture that fails leaves
-the model's programs eager, with one line in the log (SPECDEMO_CUDA_GRAPHS=strict: CaptureFailed); one that runs out
-of memory lets the model's idle groups go and tries once more, and failing again leaves that group's mode eager.
+Rows decode in groups of PASS_ROWS chain rows kept for the process (models/pools.py). On CUDA a group's round is one
+captured program (models/graphs.py, models/fixed_pass.py): the pass, the user's settings, the rule and the inspector's
+entries (core/chain_round.py), for rows of one candidate under the standard or the coupled rule, read from one input
+buffer and read back in one copy, so the host waits once a round, on an event recorded on its stream (graphs.wait),
+never on the whole device. A replay runs the kernels its capture recorded, so its numbers are the eager program's bit
+for bit. Passes and rounds hold graphs.DEVICE_WORK, as every capture does, so one capture runs at a time and no other
+device work meets it. A capture that fails leaves the model's programs eager, with one line in the log
+(SPECDEMO_CUDA_GRAPHS=strict: CaptureFailed); one that runs out of memory lets the model's idle groups go and tries once
+more, and failing again leaves that group's mode eager.
 
 On a CPU, a one-token round padded to PASS_ROWS x PASS_COLUMNS tokens costs about eleven one-token rounds, and the
 CPU's kernels already keep a row's sums in order (models/attention.py): the CPU keeps tree_cache.py."""
@@ -33,17 +34,18 @@ import threading
 import time
 import weakref
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdemo.core.chain_round import packed_columns
+from specdemo.core.chain_round import chain_verdict, packed_columns
+from specdemo.core.rules import CoupledRule
+from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
 from specdemo.models import graphs
 from specdemo.models.fixed_pass import (
     PASS_COLUMNS,
-    ChainRequest,
     Clock,
     PassRunner,
     Staging,
@@ -58,7 +60,7 @@ from specdemo.models.tree_cache import CachedModel
 MIN_SLOTS = 256  # L: a row's slots are a power of two, at least this, above the most tokens it will hold
 SEED_BITS = 53  # a row's draw stream seed travels in the round's float64 input buffer, exactly
 
-__all__ = ["HOLE", "PASS_COLUMNS", "PASS_ROWS", "ChainRequest", "FixedShapeModel", "slot_bucket"]
+__all__ = ["HOLE", "PASS_COLUMNS", "PASS_ROWS", "FixedShapeModel", "slot_bucket"]
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +116,7 @@ class _Fed:
 
 class FixedShapeModel(CachedModel):
     """TreeCachedModel's contract (logits_for="all"), with every pass of one shape (see the module's docstring), and
-    `decide`: whole rounds of one-candidate rows on the device."""
+    `decide`: whole rounds of one-candidate rows, standard and coupled, on the device."""
 
     def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
         super().__init__(model, hidden_layers)
@@ -234,8 +236,8 @@ class FixedShapeModel(CachedModel):
         captured = self.replays_graphs
         if mode[0] == "pass":
             run = functools.partial(self.runner.group_pass, group)
-        else:  # ("round", hidden layers, sampled, penalty, given, views); a penalty's seen rows made by _round
-            run = functools.partial(self.runner.group_round, group, mode[2], mode[3], views=mode[5])
+        else:  # _round_mode's; a penalty's seen rows made by _round
+            run = functools.partial(self.runner.group_round, group, mode[2], mode[3], views=mode[5], coupled=mode[6])
         inputs = [tensor.to(self.device, copy=True) for tensor in first]
         program = Program(run, inputs)
         if captured:
@@ -308,48 +310,63 @@ class FixedShapeModel(CachedModel):
         return self.runner.forward(self.model, group, first, *inputs)
 
     @torch.inference_mode()
-    def decide(self, asked: dict[Hashable, ChainRequest]) -> dict[Hashable, tuple[np.ndarray, torch.Tensor | None]]:
-        """Whole rounds of one-candidate rows: per group, its rows' inputs written into one host buffer and copied in
-        once, its round program replayed, its packed outputs copied back once; then one wait for all groups. Per row:
-        its packed row (core/chain_round.read_chain) and, where hidden states are kept, its [L*H] states where the next
-        round's logits were read."""
+    def decide(self, asked: dict[Hashable, RoundAsk]) -> dict[Hashable, RowVerdict | Overflowed | Exception]:
+        """Every row's round: whole on the device where every row's round runs in the captured program (in_program),
+        else the pass and the eager rule (CachedModel.decide)."""
+        if not all(self.in_program(ask) for ask in asked.values()):
+            return super().decide(asked)
         with graphs.DEVICE_WORK, self.lock:
             read = {
-                key: self._prepare(
-                    key, RowRequest(r.trunk_ids, [r.draft_ids] if r.draft_ids else [], "all", r.capacity)
-                )
-                for key, r in asked.items()
+                key: self._prepare(key, RowRequest(a.trunk_ids, a.candidates, "all", a.capacity))
+                for key, a in asked.items()
             }
-            members: dict[Group, list[tuple[Hashable, _Chain, ChainRequest]]] = {}
-            for key, request in asked.items():
+            members: dict[Group, list[tuple[Hashable, _Chain, RoundAsk]]] = {}
+            for key, ask in asked.items():
                 chain = self.rows[key].chains[0]
-                members.setdefault(chain.group, []).append((key, chain, request))
-            started, landed = Clock(self.device), []
-            for group, rows in members.items():
-                mode = (
-                    "round",
-                    self.hidden_layers,
-                    any(not r.sampling.is_greedy for _, _, r in rows),
-                    any(r.sampling.repetition_penalty != 1.0 for _, _, r in rows),
-                    any(r.draft_probs is not None for _, _, r in rows),
-                    any(r.views for _, _, r in rows),  # the inspector's entries, computed where a row reads them
-                )
-                landed.append((rows, mode[3], *self._round(group, mode, rows)))
+                members.setdefault(chain.group, []).append((key, chain, ask))
+            started = Clock(self.device)
+            modes = {group: _round_mode(self.hidden_layers, rows) for group, rows in members.items()}
+            landed = [
+                (rows, modes[group][3], *self._round(group, modes[group], rows)) for group, rows in members.items()
+            ]
             seconds = started.wait()
             self.forward_seconds += seconds
-            self.last_forward_seconds = seconds
-            found = {}
+            self.last_forward_seconds, self.last_rule_seconds = seconds, 0.0  # the rule ran in the program
+            self.last_input_lengths = {key: read[key] + 1 + sum(map(len, a.candidates)) for key, a in asked.items()}
+            decided: dict[Hashable, RowVerdict | Overflowed | Exception] = {}
             for rows, penalty, staging, hidden in landed:
                 hidden = None if hidden is None else hidden.clone()  # the next replay overwrites the program's own
-                for key, chain, request in rows:
-                    found[key] = (staging.read[chain.local], None if hidden is None else hidden[chain.local])
-                    chain.start, chain.tail = len(request.trunk_ids) - 1, [request.trunk_ids[-1], *request.draft_ids]
+                for key, chain, ask in rows:
+                    decided[key] = self._verdict(key, ask, staging.read[chain.local], hidden, chain.local)
+                    chain.start, chain.tail = len(ask.trunk_ids) - 1, [ask.trunk_ids[-1], *(ask.candidates or [[]])[0]]
                     chain.seen_valid = penalty
-            self.last_input_lengths = {key: read[key] + 1 + len(r.draft_ids) for key, r in asked.items()}
-            return found
+            return decided
+
+    def in_program(self, ask: RoundAsk) -> bool:
+        """The row's round runs in the captured program: the engine's own rule (standard or coupled), and at most one
+        candidate of token ids in the vocabulary (the eager rule says which id is not)."""
+        return (
+            ask.rule.captured
+            and len(ask.candidates) <= 1
+            and all(0 <= token < self.vocab_size for candidate in ask.candidates for token in candidate)
+        )
+
+    def _verdict(
+        self, key: Hashable, ask: RoundAsk, packed: np.ndarray, hidden: torch.Tensor | None, local: int
+    ) -> RowVerdict | Overflowed | Exception:
+        """The row's verdict from its packed row (core/chain_round.chain_verdict), with the tokens the pass read and
+        its hidden states where the next round's logits were read; the exception reading it raised, if any."""
+        try:
+            verdict = chain_verdict(packed, ask)
+        except Exception as error:  # this row's alone: the others' verdicts stand
+            return error
+        if isinstance(verdict, Overflowed):
+            return verdict
+        state = None if hidden is None else hidden[local]
+        return replace(verdict, num_input_tokens=self.last_input_lengths[key], hidden_state=state)
 
     def _round(
-        self, group: Group, mode: tuple, rows: list[tuple[Hashable, _Chain, ChainRequest]]
+        self, group: Group, mode: tuple, rows: list[tuple[Hashable, _Chain, RoundAsk]]
     ) -> tuple[Staging, torch.Tensor | None]:
         """One group's round queued on the device: inputs in, the program, the packed outputs out (asynchronously
         on CUDA); returns where they land and the hidden states, on the device."""
@@ -359,11 +376,11 @@ class FixedShapeModel(CachedModel):
         staging.write[:] = staging.blank
         if mode[3] and group.seen is None:
             group.seen = torch.zeros(PASS_ROWS, self.vocab_size, dtype=torch.bool, device=self.device)
-        for _, chain, request in rows:
-            write_row(staging.write[chain.local], request)
+        for _, chain, ask in rows:
+            write_row(staging.write[chain.local], ask)
             if mode[3] and group.seen is not None and not chain.seen_valid:  # its first round with a penalty
                 group.seen[chain.local] = False
-                group.seen[chain.local, request.trunk_ids] = True
+                group.seen[chain.local, ask.trunk_ids] = True
         program = group.programs.get((mode, self.replays_graphs))
         if program is None:
             given = torch.zeros(PASS_ROWS, PASS_COLUMNS - 1, self.vocab_size, device=self.device)  # [R, K, V]
@@ -376,11 +393,27 @@ class FixedShapeModel(CachedModel):
         return staging, outputs[1] if len(outputs) > 1 else None
 
 
-def _drafted(draft_probs: torch.Tensor, rows: list[tuple[Hashable, _Chain, ChainRequest]]) -> torch.Tensor:
+def _round_mode(hidden_layers: tuple[int, ...], rows: list[tuple[Hashable, _Chain, RoundAsk]]) -> tuple:
+    """A group's round program: ("round", hidden layers, some row samples, has a penalty, sampled its draft, reads
+    the inspector's entries, runs the coupled rule)."""
+    asks = [ask for _, _, ask in rows]
+    return (
+        "round",
+        hidden_layers,
+        any(not ask.sampling.is_greedy for ask in asks),
+        any(ask.sampling.repetition_penalty != 1.0 for ask in asks),
+        any(ask.draft_probs is not None for ask in asks),
+        any(ask.views for ask in asks),  # the inspector's entries, computed where a row reads them
+        any(isinstance(ask.rule, CoupledRule) for ask in asks),
+    )
+
+
+def _drafted(draft_probs: torch.Tensor, rows: list[tuple[Hashable, _Chain, RoundAsk]]) -> torch.Tensor:
     """The rows' sampled drafts' q written into a round's [R, K, V] input, on the device."""
-    for _, chain, request in rows:
-        if request.draft_probs is not None:
-            draft_probs[chain.local, : len(request.draft_ids)] = request.draft_probs[: len(request.draft_ids)]
+    for _, chain, ask in rows:
+        if ask.draft_probs is not None and ask.candidates:
+            length = len(ask.candidates[0])
+            draft_probs[chain.local, :length] = ask.draft_probs[0, :length]
     return draft_probs
 
 

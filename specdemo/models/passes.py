@@ -11,8 +11,9 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from specdemo.config import SamplingConfig
+from specdemo.core.rules import STANDARD
+from specdemo.core.verdicts import RoundAsk
 from specdemo.models import fusion
-from specdemo.models.fixed_pass import ChainRequest
 from specdemo.models.fixed_shape import MIN_SLOTS, FixedShapeModel
 from specdemo.models.graphs import capture_failed, free_cached_memory, uses_graphs
 from specdemo.models.pools import pools_for
@@ -89,7 +90,7 @@ def _load_rounds(passes: FixedShapeModel) -> bool:
     try:
         for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
             for views in (True, False):
-                passes.decide({"load": ChainRequest([0, 0], [], MIN_SLOTS // 2, sampling, 0, 0, None, views)})
+                passes.decide({"load": RoundAsk([0, 0], [], MIN_SLOTS // 2, sampling, STANDARD, 0, 0, 0, views=views)})
                 passes.drop("load")
     except torch.OutOfMemoryError:
         return False

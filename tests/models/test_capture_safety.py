@@ -81,7 +81,7 @@ def test_under_strict_graphs_an_uncapturable_round_fails_the_run_naming_its_prog
     CaptureFailed, whose message names the program's key."""
     fixed("strict")
     plant_a_host_read(monkeypatch)
-    with pytest.raises(CaptureFailed, match=r"\(\('round', \(\), False, False, False, True\), 256\)") as failure:
+    with pytest.raises(CaptureFailed, match=r"\(\('round', \(\), False, False, False, True, False\), 256\)") as failure:
         decoded(tiny_model(1, num_layers=1), NoDrafter(), GREEDY)
     assert "item() reads a value back to the host" in str(failure.value)
 
@@ -98,7 +98,7 @@ def test_without_strict_an_uncapturable_round_runs_eagerly_with_one_line_and_the
         found = decoded(target, NoDrafter(), GREEDY)
     lines = [record.getMessage() for record in caplog.records if "without CUDA graphs" in record.getMessage()]
     assert found == eager
-    assert len(lines) == 1 and "('round', (), False, False, False, True)" in lines[0], lines
+    assert len(lines) == 1 and "('round', (), False, False, False, True, False)" in lines[0], lines
     assert pools_for(target).graphs_failed
 
 
@@ -116,14 +116,15 @@ def test_under_strict_graphs_every_program_kind_is_captured_once_and_replays(fix
     """Under strict graphs every program kind the CPU exercises is captured (checked: no read back to the host) at its
     first use and replayed after: the rounds greedy, sampled with top-k and top-p, with a repetition penalty, with a
     sampled draft's q (a draft model), with hidden states (the recurrent head, greedy and sampled), the head's greedy
-    and sampled steps, and the pass program of W > 1. A second request captures nothing more. Coupled rows take the
-    pass's logits and the eager rule (no program of their own), so they are not here."""
+    and sampled steps, the coupled rule's rounds (target-only, and a draft model's q with the match chances of its
+    choices), and the pass program of W > 1. A second request captures nothing more."""
     fixed("strict")
     target, draft = tiny_model(1, num_layers=1), tiny_model(2, num_layers=1)
     head = tiny_recurrent_head(target, 3)
     layers = head.shape.layers
     sampled = SamplingConfig(temperature=0.9, top_k=8, top_p=0.9, seed=3)
     penalty = SamplingConfig(temperature=0.9, repetition_penalty=1.3, seed=4)
+    coupled = SamplingConfig(temperature=0.9, top_p=0.9, rule="coupled", seed=5)
     requests = [
         (NoDrafter, GREEDY, 1),
         (NoDrafter, sampled, 1),
@@ -131,6 +132,8 @@ def test_under_strict_graphs_every_program_kind_is_captured_once_and_replays(fix
         (lambda: tiny_drafter("model", draft, None), sampled, 1),
         (lambda: tiny_drafter("recurrent", None, head), GREEDY, 1),
         (lambda: tiny_drafter("recurrent", None, head), sampled, 1),
+        (NoDrafter, coupled, 1),
+        (lambda: tiny_drafter("model", draft, None), coupled, 1),
         (TwoCandidates, GREEDY, 2),
     ]
 
@@ -141,13 +144,16 @@ def test_under_strict_graphs_every_program_kind_is_captured_once_and_replays(fix
     all_requests()
     pools, steps = pools_for(target), steps_for(head, TINY_VOCAB)
     assert {mode for mode, _ in pools.captures} == {
-        ("round", (), False, False, False, True),
-        ("round", (), True, False, False, True),
-        ("round", (), True, True, False, True),
-        ("round", (), True, False, True, True),
-        ("round", layers, False, False, False, True),
-        ("round", layers, True, False, False, True),  # a sampled row's first round: no hidden state yet, no draft
-        ("round", layers, True, False, True, True),
+        ("round", (), False, False, False, True, False),
+        ("round", (), True, False, False, True, False),
+        ("round", (), True, True, False, True, False),
+        ("round", (), True, False, True, True, False),
+        ("round", layers, False, False, False, True, False),
+        # a sampled row's first round: no hidden state yet, no draft
+        ("round", layers, True, False, False, True, False),
+        ("round", layers, True, False, True, True, False),
+        ("round", (), True, False, False, True, True),  # coupled
+        ("round", (), True, False, True, True, True),
         ("pass", ()),
     }
     assert {(key[0], bucket, captured) for key, bucket, captured in steps.programs} == {
@@ -157,7 +163,7 @@ def test_under_strict_graphs_every_program_kind_is_captured_once_and_replays(fix
     programs = [p for group in pools.groups for p in group.programs.values()] + list(steps.programs.values())
     assert all(isinstance(program, CheckedProgram) for program in programs)
     captures, head_programs = len(pools.captures), len(steps.programs)
-    assert captures == 8 and not pools.graphs_failed
+    assert captures == 10 and not pools.graphs_failed
     all_requests()
     assert (len(pools.captures), len(steps.programs)) == (captures, head_programs)
 

@@ -7,6 +7,7 @@ this CPU, where tree passes differ); and the engine decodes with them what it de
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -224,20 +225,23 @@ def test_a_failed_graph_capture_decodes_eagerly_with_one_line_in_the_log(monkeyp
     ]
 
 
+@pytest.mark.parametrize("rule", ["standard", "coupled"])
 @pytest.mark.parametrize("drafter_kind", ["ngram", "model"])
 def test_a_round_decided_on_the_device_reports_what_the_eager_rule_reports(
-    tiny_target, tiny_draft, tiny_trained_head, drafter_kind, monkeypatch
+    tiny_target, tiny_draft, tiny_trained_head, drafter_kind, rule, monkeypatch
 ):
-    """Greedy and sampled rows (top-k, top-p, a penalty), one candidate each: every number a Round carries from a
-    round decided whole in one program (core/chain_round.py, read back from its packed tensor) is what the eager rule
-    on tree passes reports: the trace's columns, the next token's kind and probability, and the inspector's views
-    (their tokens, p, q and residual, and the rest). Planted: views read one position late (read_views), and the
-    residual left unnormalised (_view_entries); both fail."""
+    """Greedy and sampled rows (top-k, top-p, a penalty), one candidate each, the sampled ones under either rule: every
+    number a Round carries from a round decided whole in one program (core/chain_round.py, read back from its packed
+    tensor) is what the eager rule on tree passes reports: the trace's columns, the next token's kind and probability,
+    the inspector's views (their tokens, p, q and residual, and the rest) and the coupled rule's choices. Planted:
+    views read one position late (read_views), the residual left unnormalised (_view_entries), and the choices' x
+    scored with y's column (read_choices); each fails."""
 
     def decode(shape: str) -> list:
         monkeypatch.setenv(passes.PASS_SHAPE_VARIABLE, shape)
         decoder = BatchDecoder(tiny_target, tiny_drafter(drafter_kind, tiny_draft, tiny_trained_head), EOS)
         for row, (sampling, limit) in enumerate(SETTINGS):
+            sampling = replace(sampling, rule=rule)
             decoder.add(row, PROMPTS[row], sampling, SpeculativeConfig(num_draft_tokens=3, max_new_tokens=limit))
         found = []
         while decoder.rows:
@@ -246,7 +250,7 @@ def test_a_round_decided_on_the_device_reports_what_the_eager_rule_reports(
 
     fixed, tree = decode("fixed"), decode("tree")
     assert [key for key, _ in fixed] == [key for key, _ in tree]
-    views = 0
+    views = choices = 0
     for (_, ours), (_, theirs) in zip(fixed, tree, strict=True):
         assert ours.draft_token_ids == theirs.draft_token_ids and ours.next_kind == theirs.next_kind
         for name in ("target_probs", "draft_probs", "acceptance_probs", "uniforms"):
@@ -261,7 +265,28 @@ def test_a_round_decided_on_the_device_reports_what_the_eager_rule_reports(
             for name in ("target_rest", "draft_rest", "residual_rest"):
                 assert getattr(mine, name) == pytest.approx(getattr(other, name), abs=1e-5), name
             views += 1
+        assert len(ours.coupled) == len(theirs.coupled)
+        for mine, other in zip(ours.coupled, theirs.coupled, strict=True):
+            assert _same_choice(mine, other), (mine, other)
+            choices += 1
     assert views > 20
+    assert choices > 20 if rule == "coupled" else choices == 0
+
+
+def _same_choice(mine, other) -> bool:
+    """Two CoupledChoices alike: ids and counts equal, scores, noise and chances within 1e-6."""
+    for name in ("target_id", "draft_id", "num_alive"):
+        if getattr(mine, name) != getattr(other, name):
+            return False
+    names = ("target_score", "target_noise", "draft_score", "draft_noise", "standard_chance", "coupled_chance",
+             "coupled_chance_high")  # fmt: skip
+    for name in names:
+        ours, theirs = getattr(mine, name), getattr(other, name)
+        if (ours is None) != (theirs is None) or (
+            theirs is not None and ours != pytest.approx(theirs, rel=1e-6, abs=1e-9)
+        ):
+            return False
+    return True
 
 
 def _entries(view) -> dict[int, tuple[float, float, float]]:

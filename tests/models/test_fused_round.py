@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,13 +16,15 @@ import torch
 from torch._dynamo.utils import counters
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.core.chain_round import ENTRIES, HEAD_COLUMNS, VIEW_COLUMNS, packed_columns
+from specdemo.core.chain_round import ENTRIES, HEAD_COLUMNS, VIEW_COLUMNS, chain_verdict, packed_columns
+from specdemo.core.rules import STANDARD
 from specdemo.core.stats import emitted_ids
+from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
 from specdemo.drafters.base import Drafter, NoDrafter
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine.decoding import BatchDecoder
-from specdemo.models import fusion, graphs, passes, platform
-from specdemo.models.fixed_pass import INPUT_COLUMNS, PASS_COLUMNS, ChainRequest, staging_for, write_row
+from specdemo.models import fixed_shape, fusion, graphs, passes, platform
+from specdemo.models.fixed_pass import INPUT_COLUMNS, PASS_COLUMNS, staging_for, write_row
 from specdemo.models.fixed_shape import FixedShapeModel
 from specdemo.models.graphs import CaptureFailed
 from specdemo.models.pools import pools_for
@@ -62,19 +65,17 @@ def decode(
     """Each row's text, fused or not, and every packed row the rounds read back, in order."""
     monkeypatch.setenv(fusion.FUSED_VARIABLE, "1" if fused else "0")
     packed: list[np.ndarray] = []
-    original = FixedShapeModel.decide
 
-    def decide(self: FixedShapeModel, asked: dict) -> dict:
-        decided = original(self, asked)
-        packed.extend(row.copy() for row, _ in decided.values())
-        return decided
+    def read(row: np.ndarray, ask: RoundAsk) -> RowVerdict | Overflowed:
+        packed.append(row.copy())
+        return chain_verdict(row, ask)
 
     decoder = BatchDecoder(target, drafter or NoDrafter(), EOS)
     for row, sampling in enumerate(settings):
         decoder.add(row, (prompts or PROMPTS)[row], sampling, spec or SpeculativeConfig(max_new_tokens=10))
     rounds: dict[int, list] = {row: [] for row in range(len(settings))}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FixedShapeModel, "decide", decide)
+        patch.setattr(fixed_shape, "chain_verdict", read)
         while decoder.rows:
             for row, round_ in decoder.step():
                 rounds[row].append(round_)
@@ -101,7 +102,9 @@ def test_fused_greedy_rounds_read_back_the_unfused_tokens(gpu_path: pytest.Monke
         for eager, fused in zip(eager_packed, fused_packed, strict=True):
             assert np.array_equal(token_columns(fused), token_columns(eager))
             assert np.array_equal(fused, eager)
-    assert {("pass", (), 256), ("rule", (), False, False, False, True)} <= {mode for mode, _ in fusion.compiles(target)}
+    assert {("pass", (), 256), ("rule", (), False, False, False, True, False)} <= {
+        mode for mode, _ in fusion.compiles(target)
+    }
 
 
 def test_fused_sampled_rounds_give_each_seed_its_unfused_text(gpu_path: pytest.MonkeyPatch, target) -> None:
@@ -117,6 +120,23 @@ def test_fused_sampled_rounds_give_each_seed_its_unfused_text(gpu_path: pytest.M
         np.testing.assert_allclose(fused, eager, rtol=1e-5, atol=1e-6)
 
 
+def test_fused_coupled_rounds_give_each_seed_its_unfused_text(gpu_path: pytest.MonkeyPatch, target) -> None:
+    """Coupled rows (the noise's integer hash, the Gumbel-max choice and the choices' entries compiled) beside a
+    standard one in one group, with the suffix drafter at K = 16: the same text for each seed fused and unfused, the
+    same tokens in every packed row, and the floats within float32 rounding. Planted: the fused rule compiled for the
+    standard rule alone (round_rule given coupled=False)."""
+    settings = [replace(sampling, rule="coupled") for sampling in SAMPLED[:2]] + [SAMPLED[2]]
+    prompts = [PROMPTS[0] + PROMPTS[0], PROMPTS[1] + PROMPTS[1], PROMPTS[0]]
+    drafter, spec = SuffixDrafter(lambda n: FREE, cache_tokens=0), SpeculativeConfig(16, 12)
+    (eager_text, eager_packed), (fused_text, fused_packed) = (
+        decode(gpu_path, target, fused, settings, prompts, drafter, spec) for fused in (False, True)
+    )
+    assert fused_text == eager_text
+    for eager, fused in zip(eager_packed, fused_packed, strict=True):
+        assert np.array_equal(token_columns(fused), token_columns(eager))
+        np.testing.assert_allclose(fused, eager, rtol=1e-5, atol=1e-6)
+
+
 def test_the_round_program_runs_the_pass_programs_pass(gpu_path: pytest.MonkeyPatch, target) -> None:
     """The pass a round program runs (on the round's input buffer) is the pass program's compiled graph, and gives its
     logits bit for bit: the engine's identity (a token's logits the same in a pass of W candidates and in a round)
@@ -124,7 +144,7 @@ def test_the_round_program_runs_the_pass_programs_pass(gpu_path: pytest.MonkeyPa
     gpu_path.setenv(fusion.FUSED_VARIABLE, "1")
     verifier = FixedShapeModel(target)
     with torch.inference_mode():
-        verifier.decide({"row": ChainRequest(PROMPTS[0], [5, 9], 32, SamplingConfig(), 0, 0, None)})
+        verifier.decide({"row": RoundAsk(PROMPTS[0], [[5, 9]], 32, SamplingConfig(), STANDARD, 0, 0, 0)})
         group = verifier.rows["row"].chains[0].group
         inputs = torch.zeros(8, INPUT_COLUMNS, dtype=torch.float64)
         inputs[0, :3] = torch.tensor([9.0, 5, 9])
@@ -218,7 +238,7 @@ def test_a_round_without_the_inspectors_entries_decides_the_same(gpu_path: pytes
     gpu_path.setenv(fusion.FUSED_VARIABLE, "0")
     verifier = FixedShapeModel(tiny_model(1, num_layers=1))
     sampling = SAMPLED[0]
-    request = ChainRequest(PROMPTS[0], [5, 9], 32, sampling, 3, 0, None)
+    request = RoundAsk(PROMPTS[0], [[5, 9]], 32, sampling, STANDARD, 3, 0, 0)
     with torch.inference_mode():
         verifier.decide({"row": request})
         chain = verifier.rows["row"].chains[0]

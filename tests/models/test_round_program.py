@@ -25,6 +25,7 @@ from tests.helpers import FREE, HostWaits, StandIn, WarmingStandIn, tiny_drafter
 
 EOS: frozenset[int] = frozenset()
 SAMPLED = SamplingConfig(temperature=0.8, top_p=0.9, repetition_penalty=1.2, seed=7)
+COUPLED = SamplingConfig(temperature=0.8, top_p=0.9, repetition_penalty=1.2, rule="coupled", seed=7)
 DEPTH = 16  # K: every column of a pass drafted
 
 
@@ -159,6 +160,36 @@ def test_the_suffix_drafter_at_sixteen_tokens_waits_once_a_round(gpu_path: Count
     text = target_text(target, 40)
     decoder = BatchDecoder(target, SuffixDrafter(FREE, cache_tokens=0), EOS)
     decoder.add(0, PROMPTS[0] + text + PROMPTS[0], SamplingConfig(), SpeculativeConfig(DEPTH, max_new_tokens=40))
+    rounds = steady_rounds(gpu_path, decoder)
+    assert max(count for _, _, count in rounds) > 1, rounds
+    assert max(waits for waits, _, _ in rounds) <= 1, rounds
+    assert max(ops for _, ops, _ in rounds) <= 10, rounds
+
+
+def test_a_coupled_target_only_round_waits_once_and_launches_a_few_ops(gpu_path: Counted) -> None:
+    """Target-only under the coupled rule, sampled with top-p and a repetition penalty: the noise, the Gumbel-max
+    choice and the trace in the round program, so one host wait a round and a few ops outside the replay, as for the
+    standard rule. Planted: coupled rows sent to the eager rule (FixedShapeModel.in_program refusing them: 26 waits
+    and 194 ops a round)."""
+    decoder = BatchDecoder(tiny_model(1), NoDrafter(), EOS)
+    decoder.add(0, PROMPTS[0], COUPLED, SpeculativeConfig(max_new_tokens=12))
+    rounds = steady_rounds(gpu_path, decoder)
+    assert len(rounds) == 11
+    assert max(waits for waits, _, _ in rounds) <= 1, rounds
+    assert max(ops for _, ops, _ in rounds) <= 10, rounds
+
+
+def test_the_coupled_suffix_drafter_at_sixteen_tokens_waits_once_a_round(gpu_path: Counted) -> None:
+    """The suffix drafter, up to 16 tokens a round, under the coupled rule at a low temperature (so the coupled text
+    mostly follows the greedy text), on a prompt that holds the target's greedy text: its rounds, the inspector's
+    views and the coupled rule's choices included, wait once and launch a few ops, however many of its tokens are
+    accepted. Planted: the coupled rule's choices computed on the host (core/match_chance.path_choices on p read back:
+    30 waits and over 100 ops a round)."""
+    target = tiny_model(1)
+    text = target_text(target, 40)
+    decoder = BatchDecoder(target, SuffixDrafter(FREE, cache_tokens=0), EOS)
+    sampling = SamplingConfig(temperature=0.1, rule="coupled", seed=7)
+    decoder.add(0, PROMPTS[0] + text + PROMPTS[0], sampling, SpeculativeConfig(DEPTH, max_new_tokens=40))
     rounds = steady_rounds(gpu_path, decoder)
     assert max(count for _, _, count in rounds) > 1, rounds
     assert max(waits for waits, _, _ in rounds) <= 1, rounds
