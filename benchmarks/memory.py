@@ -1,6 +1,6 @@
 """The memory table: for each simulated device, each listed pair's memory plan in the format auto picks for it there,
 bytes needed against bytes usable, its biggest term, the limits it runs at, and whether it is offered. Needs no GPU and
-no network (models/memory.py; the shapes are pairs.MODEL_SHAPES).
+no network (models/memory.py; the shapes are models/fitting.py's MODEL_SHAPES).
 
     python -m benchmarks.memory
     python -m benchmarks.memory --terms   # every term of every plan
@@ -12,9 +12,10 @@ import argparse
 
 import torch
 
+from specdemo.engine.setup import plan_pair
 from specdemo.models.loading import auto_dtype, readable_bytes
 from specdemo.models.memory import Device, MemoryPlan
-from specdemo.pairs import PAIRS, Pair, plan_pair
+from specdemo.pairs import PAIRS, Pair
 
 DEVICES = (  # the Space hardware a visitor meets; totals as nvidia-smi or spaces name them
     Device("T4", 15_360 * 2**20, True),  # nvidia-smi: 15,360 MiB

@@ -38,3 +38,15 @@ def test_a_core_module_that_imports_the_app_breaks_the_contract(tmp_path):
     assert checked.returncode != 0
     assert "specdemo.core.sampling -> specdemo.app.views.render" in checked.stdout, checked.stdout[-3000:]
     assert "Each layer imports only from the layers below it BROKEN" in checked.stdout
+
+
+def test_the_pair_registry_that_imports_the_engine_breaks_the_contract(tmp_path):
+    """pairs.py sits below the engine: the registry says what exists, and loading a pair (engine/setup.py) is above
+    it. Planted: the registry imports load_pair back."""
+    shutil.copytree(ROOT / "specdemo", tmp_path / "specdemo", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    pairs = tmp_path / "specdemo" / "pairs.py"
+    pairs.write_text(pairs.read_text() + "\nfrom specdemo.engine.setup import load_pair  # planted\n")
+    checked = lint_imports(tmp_path)
+    assert checked.returncode != 0
+    assert "specdemo.pairs -> specdemo.engine.setup" in checked.stdout, checked.stdout[-3000:]

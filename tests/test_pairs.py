@@ -12,8 +12,10 @@ import torch
 
 from specdemo.cli.main import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.drafters.registry import DRAFTER_KINDS
+from specdemo.drafters.registry import DRAFTER_KINDS, NGRAM
 from specdemo.engine.decoding import speculative_generate
+from specdemo.engine.setup import fitting_pairs, load_pair, make_drafter, pair_marks
+from specdemo.models.fitting import MODEL_SHAPES, PARAMETER_COUNTS
 from specdemo.models.loading import (
     MEMORY_HEADROOM,
     OFFLINE_DEFAULT,
@@ -27,20 +29,7 @@ from specdemo.models.loading import (
 )
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import (
-    DEFAULT_PAIR,
-    MODEL_SHAPES,
-    NGRAM,
-    PAIRS,
-    PAIRS_BY_KEY,
-    PARAMETER_COUNTS,
-    custom_pair,
-    find_pair,
-    fitting_pairs,
-    load_pair,
-    make_drafter,
-    pair_marks,
-)
+from specdemo.pairs import DEFAULT_PAIR, PAIRS, PAIRS_BY_KEY, custom_pair, find_pair
 from tests.helpers import save_tiny_model, tiny_model, word_tokenizer
 from tests.models.test_float16 import simulate_gpu
 
@@ -231,7 +220,7 @@ def simulate_memory(monkeypatch, cache: ModelCache, total: int) -> None:
     """A device of `total` bytes whose free memory is what the models the cache holds leave."""
     free = lambda device: total - sum(loaded.weights_bytes for loaded in cache.models.values())  # noqa: E731
     monkeypatch.setattr("specdemo.models.shared.free_memory_bytes", free)
-    monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (free(device), total))
+    monkeypatch.setattr("specdemo.models.fitting.device_memory", lambda device: (free(device), total))
 
 
 def test_a_pair_that_fits_only_without_the_last_one_evicts_it_and_loads(monkeypatch):
@@ -315,7 +304,7 @@ def test_pairs_too_big_for_the_device_are_marked_in_the_format_auto_picks(monkey
     and 8B are marked with their biggest term; in the CLI's list too, its columns as they were."""
     simulate_gpu(monkeypatch, 7, 5)
     monkeypatch.setenv("HF_TOKEN", "hf_a_token")
-    monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
+    monkeypatch.setattr("specdemo.models.fitting.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
     marks = pair_marks(CUDA)
     assert {key: mark for key, mark in marks.items() if mark} == {
         "qwen2.5-0.5b-7b": " — too big for this GPU in float32, which Qwen2 and Qwen2.5 need here (float16 overflows): "
@@ -337,11 +326,11 @@ def test_a_pair_that_fits_a_t4_only_within_limits_says_them_and_holds_its_groups
     """SmolLM2-1.7B with its 135M draft on a T4 (float16): weights 3.7 GB, and one group of 2,048 slots (3.2 GB) where
     the settings would ask eight of 8,192 (103 GB): offered, the page's limits line says so, and a loaded pair holds
     the target's groups to the plan."""
+    from specdemo.engine.setup import limits_line, pair_plan
     from specdemo.models.pools import _LIMITS
-    from specdemo.pairs import limits_line, pair_plan
 
     simulate_gpu(monkeypatch, 7, 5)
-    monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
+    monkeypatch.setattr("specdemo.models.fitting.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
     pair = find_pair("smollm2-135m-1.7b")
     plan = pair_plan(pair, CUDA, torch.float16)
     assert plan.fits and not plan.full and (plan.limits.slots, plan.limits.groups) == (2048, 1)
@@ -353,7 +342,8 @@ def test_a_pair_that_fits_a_t4_only_within_limits_says_them_and_holds_its_groups
     assert limits_line(find_pair("smollm2-135m-ngram"), CPU, torch.float32) is None
     cache = ModelCache(TinyLoader([pair.target, pair.drafter]), capacity=4)
     simulate_memory(monkeypatch, cache, T4_MEMORY)
-    monkeypatch.setattr("specdemo.pairs.uses_fixed_shape", lambda device: True)
+    monkeypatch.setattr("specdemo.models.fitting.uses_fixed_shape", lambda device: True)
+    monkeypatch.setattr("specdemo.engine.setup.uses_fixed_shape", lambda device: True)
     target, _ = load_pair(pair, cache, device=CUDA, dtype=torch.float16)
     tiny = target.model.config  # R rows of keys and values per layer, Hkv heads of d, in float32 as it loaded
     head_dim = tiny.hidden_size // tiny.num_attention_heads

@@ -1,7 +1,8 @@
 """The one settings table: each row is a setting (its name, control, default, limits, label and help), and from the
 table come the page's controls, the API's parameter names and defaults, the checked RunRequest, and the tests'
-settings helper. Adding a setting is adding a row; the sampling and speculation rows are made from the settings the
-config declares (config.setting), the drafter kinds' options from their dataclasses."""
+settings helper. Every run setting (sampling, speculation, a drafter kind's options), declared once with
+config.setting, is a row made by one builder (run_setting); the page's own rows (the pair, chat, compare, the number
+format) are Fields here."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from specdemo.config import (
     run_settings,
     whole_number,
 )
-from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_fields
+from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_kinds, option_settings
+from specdemo.engine.setup import check_run_limits, limits_line, pair_marks
 from specdemo.models.loading import (
     AUTO_DTYPE_HELP,
     DTYPE_CHOICES,
@@ -30,21 +32,13 @@ from specdemo.models.loading import (
     model_dtype_reason,
     pick_device,
 )
-from specdemo.pairs import (
-    DEFAULT_PAIR,
-    PAIRS,
-    Pair,
-    check_run_limits,
-    custom_pair,
-    find_pair,
-    limits_line,
-    pair_dtype,
-    pair_marks,
-)
+from specdemo.pairs import DEFAULT_PAIR, PAIRS, Pair, custom_pair, find_pair, pair_dtype
 
 Control = Literal["dropdown", "textbox", "slider", "number", "checkbox", "radio"]
 CUSTOM = "custom"
-RUN_SETTINGS = run_settings(SamplingConfig) | run_settings(SpeculativeConfig)  # name: (default, Setting)
+SAMPLING_SETTINGS = run_settings(SamplingConfig)
+SPECULATION_SETTINGS = run_settings(SpeculativeConfig)
+RUN_SETTINGS = SAMPLING_SETTINGS | SPECULATION_SETTINGS | option_settings()  # name: (default, Setting), every one
 UI_MAX_NEW_TOKENS = int(RUN_SETTINGS["max_new_tokens"][1].shown[1])  # the slider's end, which the page enforces
 
 
@@ -59,7 +53,8 @@ class Field:
     low: float | None = None  # sliders and numbers
     high: float | None = None
     step: float | None = None
-    choices: Sequence[Any] = ()  # dropdowns and radios: values, or (label, value) pairs
+    choices: Sequence[Any] | Callable[[], Sequence[Any]] = ()  # dropdowns and radios: values, or (label, value)
+    # pairs; a function: asked when the control is made (the pair list probes the device)
     info: str = ""  # the help under the control
     elem_id: str | None = None
     visible: bool = True
@@ -70,15 +65,16 @@ class Field:
     def component(self, **changes: Any) -> gr.components.Component:
         """This setting's control on the page (`changes`: another elem_id or default, for another tab)."""
         spec = replace(self, **changes)
+        choices = list(spec.choices() if callable(spec.choices) else spec.choices)
         common = {"label": spec.label, "visible": spec.visible, "elem_id": spec.elem_id, "info": spec.info or None}
         if spec.control == "slider":
             return gr.Slider(spec.low, spec.high, value=spec.default, step=spec.step, **common)
         if spec.control == "number":
             return gr.Number(spec.default, minimum=spec.low, step=spec.step, **common)
         if spec.control == "dropdown":
-            return gr.Dropdown(list(spec.choices), value=spec.default, **common)
+            return gr.Dropdown(choices, value=spec.default, **common)
         if spec.control == "radio":
-            return gr.Radio(list(spec.choices), value=spec.default, **common)
+            return gr.Radio(choices, value=spec.default, **common)
         if spec.control == "checkbox":
             return gr.Checkbox(spec.default, **common)
         return gr.Textbox(spec.default, lines=1 if spec.step is None else int(spec.step), **common)
@@ -98,9 +94,15 @@ LEFT_OUT: dict[str, LeftOut] = {}  # by pair key: set once at startup (leave_out
 def pair_choices(device: torch.device) -> list[tuple[str, str]]:
     """The pair dropdown's (label, key) choices, each label marked when the server left the pair out at startup
     (LEFT_OUT), else when it is too big for `device` in the format auto picks there, or gated with no Hub token set
-    (pairs.pair_marks); then the custom pair."""
+    (engine.setup.pair_marks); then the custom pair."""
     marks = pair_marks(device) | {key: f" — not offered here: {found.why}" for key, found in LEFT_OUT.items()}
     return [(pair.label + marks[pair.key], pair.key) for pair in PAIRS] + [("Custom: any two Hub ids", CUSTOM)]
+
+
+def offered_pairs() -> list[tuple[str, str]]:
+    """The pair dropdown's choices on the device the cache loads models on: asked when the page is built, never at
+    import (importing the form probes no device)."""
+    return pair_choices(pick_device())
 
 
 def leave_out(left_out: Mapping[str, LeftOut]) -> None:
@@ -108,51 +110,10 @@ def leave_out(left_out: Mapping[str, LeftOut]) -> None:
     page makes its controls from RUN_FIELDS."""
     LEFT_OUT.clear()
     LEFT_OUT.update(left_out)
-    index = names().index("pair")
-    RUN_FIELDS[index] = replace(RUN_FIELDS[index], choices=pair_choices(pick_device()))
 
 
 def whole(name: str) -> Callable[[Any], int]:
     return lambda value: whole_number(name, value)
-
-
-def run_setting(
-    name: str, control: Control, read_as: str = "", labels: dict[str, str] | None = None, **place: Any
-) -> Field:
-    """A row made from a run setting as the config declares it: its default (or what the page shows for None), its
-    limits (or the slider's narrower ends), step and label; `read_as` names a whole number in the page's sentence; a
-    choice among words gets its choices as (label, value) pairs, named by `labels`; `place`: where the page puts it
-    (and its info)."""
-    default, spec = RUN_SETTINGS[name]
-    if spec.choices:  # the config checks the value, with its sentence
-        choices = [((labels or {}).get(choice, choice), choice) for choice in spec.choices]
-        return Field(name, control, default, spec.label, choices=choices, **place)
-    low, high = spec.shown or (spec.low, spec.high)
-    shown_default = spec.shown_default if default is None else default
-    read = whole(read_as) if spec.whole else (lambda value: value)
-    return Field(name, control, shown_default, spec.label, low, high, spec.step, read=read, **place)
-
-
-def _option_rows() -> list[Field]:
-    """The drafter kinds' options, one row each, shown for the kind the pair drafts with."""
-    return [
-        Field(
-            spec.name,
-            "number",
-            spec.default,
-            spec.metadata["label"],
-            low=spec.metadata["low"],
-            high=spec.metadata["high"],
-            step=1,
-            info=f"{spec.metadata['help']} ({spec.metadata['low']:,} to {spec.metadata['high']:,})",
-            elem_id=spec.name.replace("_", "-"),
-            visible=kind.name == DEFAULT_PAIR.drafter,
-            section="drafter",
-            kind=kind.name,
-            read=whole(spec.name.replace("_", "-")),
-        )
-        for kind, spec in option_fields()
-    ]
 
 
 RULE_INFO = (  # one sentence on each choice, by the label the page shows it with
@@ -163,17 +124,49 @@ RULE_INFO = (  # one sentence on each choice, by the label the page shows it wit
     "says where and why)."
 )
 SECTIONS = {"model": None, "sampling": "Sampling", "speculation": "Speculation", "drafter": "Drafter options"}
-RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, so positional clients keep working
-    Field(
-        "pair",
-        "dropdown",
-        DEFAULT_PAIR.key,
-        "Draft / target pair",
-        choices=pair_choices(pick_device()),  # once, at import: where the cache loads models, and its memory
-        elem_id="pair",
-    ),
-    Field("custom_target", "textbox", "", "Target (Hub id)", elem_id="custom-target", visible=False),
-    Field(
+PLACES: dict[str, dict[str, Any]] = {  # a run setting's control and place where they differ from run_setting's own
+    "temperature": {"elem_id": "temperature"},
+    "draft_temperature": {"visible": False, "section": "sampling"},
+    "num_draft_tokens": {"control": "slider", "read_as": "draft tokens per round", "elem_id": "num-draft-tokens"},
+    "max_new_tokens": {"control": "slider", "read_as": "max new tokens", "elem_id": "max-new-tokens"},
+    "num_candidates": {"control": "slider", "read_as": "candidates per round (W)", "elem_id": "num-candidates"},
+    "rule": {"labels": RULE_LABELS, "info": RULE_INFO, "elem_id": "rule"},
+}
+
+
+def run_setting(name: str) -> Field:
+    """A row made from a run setting as its config declares it: its default (or what the page shows for None), its
+    limits (or the slider's narrower ends), step and label. Its control: a radio for a choice among words (labelled
+    by `labels`), a number field for a whole number, a slider for the rest; its section: its config's, a drafter
+    option's shown with its kind; PLACES changes these, and `read_as` names a whole number in the page's sentence."""
+    kind = option_kinds().get(name)  # the registry as it is now: a kind registered later has its rows too
+    default, spec = option_settings()[name] if kind is not None else RUN_SETTINGS[name]
+    own = {"section": "sampling" if name in SAMPLING_SETTINGS else "speculation"}
+    if kind is not None:  # shown with its kind's other options, when the pair drafts with it
+        own = {
+            "section": "drafter",
+            "kind": kind.name,
+            "visible": kind.name == DEFAULT_PAIR.drafter,
+            "elem_id": spec.called,
+            "info": f"{spec.help} ({spec.low:,.0f} to {spec.high:,.0f})",
+        }
+    place = own | PLACES.get(name, {})
+    labels = place.pop("labels", {})
+    read_as = place.pop("read_as", spec.called)
+    if spec.choices:  # the config checks the value, with its sentence
+        choices = [(labels.get(choice, choice), choice) for choice in spec.choices]
+        return Field(name, place.pop("control", "radio"), default, spec.label, choices=choices, **place)
+    control = place.pop("control", "number" if spec.whole else "slider")
+    low, high = spec.shown or (spec.low, spec.high)
+    shown_default = spec.shown_default if default is None else default
+    read = whole(read_as) if spec.whole else (lambda value: value)
+    return Field(name, control, shown_default, spec.label, low, high, spec.step, read=read, **place)
+
+
+PAGE_ROWS = {  # the page's own rows, which no config declares
+    "pair": Field("pair", "dropdown", DEFAULT_PAIR.key, "Draft / target pair", choices=offered_pairs, elem_id="pair"),
+    "custom_target": Field("custom_target", "textbox", "", "Target (Hub id)", elem_id="custom-target", visible=False),
+    "custom_draft": Field(
         "custom_draft",
         "textbox",
         NGRAM,
@@ -181,22 +174,11 @@ RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, s
         elem_id="custom-draft",
         visible=False,
     ),
-    run_setting("temperature", "slider", elem_id="temperature", section="sampling"),
-    run_setting("top_k", "number", "top-k", section="sampling"),
-    run_setting("top_p", "slider", section="sampling"),
-    run_setting("repetition_penalty", "slider", section="sampling"),
-    run_setting("draft_temperature", "slider", visible=False, section="sampling"),
-    run_setting(
-        "num_draft_tokens", "slider", "draft tokens per round", elem_id="num-draft-tokens", section="speculation"
+    "chat": Field("chat", "checkbox", True, "Apply the chat template", section="speculation", read=bool),
+    "compare": Field(
+        "compare", "checkbox", True, "Then run the target alone, to compare", section="speculation", read=bool
     ),
-    run_setting("max_new_tokens", "slider", "max new tokens", elem_id="max-new-tokens", section="speculation"),
-    run_setting("seed", "number", "seed", section="sampling"),
-    Field("chat", "checkbox", True, "Apply the chat template", section="speculation", read=bool),
-    Field("compare", "checkbox", True, "Then run the target alone, to compare", section="speculation", read=bool),
-    run_setting(
-        "num_candidates", "slider", "candidates per round (W)", elem_id="num-candidates", section="speculation"
-    ),
-    Field(
+    "dtype": Field(
         "dtype",
         "dropdown",
         "auto",
@@ -205,15 +187,31 @@ RUN_FIELDS: list[Field] = [  # in the API's order: new settings go at the end, s
         elem_id="dtype",
         read=str,
     ),
-    *_option_rows(),
-    run_setting(
-        "rule",
-        "radio",
-        labels=RULE_LABELS,
-        info=RULE_INFO,
-        elem_id="rule",
-        section="sampling",
-    ),
+}
+API_ORDER = (  # positional clients keep working: a row or setting not named here follows, in its table's order
+    "pair",
+    "custom_target",
+    "custom_draft",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "draft_temperature",
+    "num_draft_tokens",
+    "max_new_tokens",
+    "seed",
+    "chat",
+    "compare",
+    "num_candidates",
+    "dtype",
+    "max_ngram_size",
+    "min_ngram_size",
+    "suffix_cache_tokens",
+    "rule",
+)
+RUN_FIELDS: list[Field] = [  # the page's own rows and every run setting, in the API's order
+    PAGE_ROWS[name] if name in PAGE_ROWS else run_setting(name)
+    for name in (*API_ORDER, *(name for name in PAGE_ROWS | RUN_SETTINGS if name not in API_ORDER))
 ]
 
 
@@ -280,14 +278,10 @@ def parse_request(prompt: str, values: dict[str, Any]) -> RunRequest:
         if pair_key == CUSTOM
         else (find_pair(pair_key))
     )
-    sampling = SamplingConfig(
-        read["temperature"], read["top_k"], read["top_p"], read["repetition_penalty"], read["seed"], read["rule"]
-    )
+    sampling = SamplingConfig(**{name: read[name] for name in SAMPLING_SETTINGS})
     speculative = SpeculativeConfig(
-        num_draft_tokens=read["num_draft_tokens"],
-        max_new_tokens=read["max_new_tokens"],
-        draft_temperature=read["draft_temperature"] if pair.uses_draft_model else None,
-        num_candidates=read["num_candidates"],
+        **{name: read[name] for name in SPECULATION_SETTINGS}
+        | {"draft_temperature": read["draft_temperature"] if pair.uses_draft_model else None}
     )
     options = drafter_options(pair.drafter, read)  # the other kinds' options are hidden on the page: not read
     device = pick_device()  # where the cache loads models

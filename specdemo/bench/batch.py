@@ -20,8 +20,9 @@ from specdemo.drafters.base import Drafter, NoDrafter
 from specdemo.engine.costs import batch_costs
 from specdemo.engine.decoding import batch_generate
 from specdemo.engine.scheduler import MAX_BATCH_ROWS
+from specdemo.engine.setup import make_drafter
 from specdemo.models.loading import LoadedModel, prompt_token_ids
-from specdemo.pairs import DEFAULT_PAIR, Pair, make_drafter
+from specdemo.pairs import DEFAULT_PAIR, Pair
 
 HF_BATCHED = "HF generate batched"
 SHARED_CUT = "speculative, cut for shared passes (ours)"  # W = 1, drafts cut by the pass costs, as the app's batches

@@ -19,9 +19,9 @@ from specdemo.config import check_batch_size, check_prompt_fits
 from specdemo.core.planning import PassCosts
 from specdemo.engine.costs import MEASURED_SIZES, batch_costs, measure_pass_seconds
 from specdemo.engine.scheduler import MAX_BATCH_ROWS
+from specdemo.engine.setup import load_pair
 from specdemo.models.loading import model_dtype_reason, prompt_token_ids
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import load_pair
 
 PLANNER_SIZES = tuple(size for size in MEASURED_SIZES if size <= 24)  # what the suffix pair measures at load
 

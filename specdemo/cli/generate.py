@@ -18,9 +18,9 @@ from specdemo.core.rounds import Round
 from specdemo.core.stats import round_record, run_stats
 from specdemo.drafters.base import NoDrafter
 from specdemo.engine.decoding import batch_generate
+from specdemo.engine.setup import load_pair, make_drafter
 from specdemo.models.loading import LoadedModel, model_dtype_reason, prompt_token_ids
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import load_pair, make_drafter
 
 
 def add_parser(commands: argparse._SubParsersAction, progress) -> None:

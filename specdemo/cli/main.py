@@ -7,6 +7,8 @@ import argparse
 import sys
 
 from specdemo.cli import bench, generate, train
+from specdemo.engine.setup import pair_marks
+from specdemo.models.loading import pick_device
 from specdemo.pairs import pairs_table
 
 EXIT_BAD_INPUT = 2  # as argparse uses for bad arguments
@@ -28,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pairs(args: argparse.Namespace) -> int:
-    print(pairs_table())
+    print(pairs_table(pair_marks(pick_device())))
     return 0
 
 

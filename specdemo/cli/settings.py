@@ -1,5 +1,6 @@
-"""The flags every command that decodes shares: the pair, the sampling and speculation settings, the drafter kinds'
-own options (made from their options dataclasses), the number format, and reading them back as checked settings."""
+"""The flags every command that decodes shares: the pair, a flag per run setting (sampling, speculation and the
+drafter kinds' options, as their configs declare them), the number format, and reading them back as checked
+settings."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig, run_settings
-from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_fields
+from specdemo.drafters.registry import NGRAM, drafter_names, drafter_options, option_kinds, option_settings
 from specdemo.models.loading import DTYPE_CHOICES, OFFLINE_DEFAULT, pick_device
 from specdemo.pairs import PAIRS, Pair, custom_pair, find_pair, pair_dtype
 
@@ -39,21 +40,21 @@ def flag(name: str) -> str:
 
 
 def add_run_flags(parser: argparse.ArgumentParser, num_candidates: bool = True) -> None:
-    """Sampling, speculation, every drafter kind's options, and the number format."""
-    for name, (default, spec) in (run_settings(SamplingConfig) | run_settings(SpeculativeConfig)).items():
+    """A flag per run setting (sampling, speculation, every drafter kind's options: a kind's flags default to unset, so
+    read_settings knows which were given), then the number format."""
+    kinds = option_kinds()
+    for name, (default, spec) in (
+        run_settings(SamplingConfig) | run_settings(SpeculativeConfig) | option_settings()
+    ).items():
         if name == "num_candidates" and not num_candidates:
             continue
-        shown = "" if default is None else f", default {default}"
-        kind = str if spec.choices else int if spec.whole else float
+        shown = "" if default is None else f", default {default:,}" if spec.whole else f", default {default}"
+        draft = f" (--draft {kinds[name].name})" if name in kinds else ""
         parser.add_argument(  # checked by the config, with its sentence (no argparse choices: the config's sentence)
-            flag(name), type=kind, default=default, help=f"{spec.help}; {spec.limits()}{shown}"
-        )
-    for kind, spec in option_fields():  # one flag per option, made from the kind's options dataclass
-        low, high = spec.metadata["low"], spec.metadata["high"]
-        parser.add_argument(
-            flag(spec.name),
-            type=int,
-            help=f"{spec.metadata['help']}, {low:,}..{high:,} (default {spec.default:,}; --draft {kind.name})",
+            flag(name),
+            type=str if spec.choices else int if spec.whole else float,
+            default=None if name in kinds else default,
+            help=f"{spec.help}; {spec.limits()}{shown}{draft}",
         )
     parser.add_argument(  # no argparse choices: an unknown format gets resolve_dtype's sentence
         "--dtype",
@@ -79,20 +80,18 @@ def cli_pair(args: argparse.Namespace) -> Pair:
 def read_settings(args: argparse.Namespace) -> CliSettings:
     """The flags as checked settings, before any model loads; a ValueError names the first bad one."""
     pair = cli_pair(args)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.seed, args.rule)
-    speculative = SpeculativeConfig(
-        num_draft_tokens=args.num_draft_tokens,
-        max_new_tokens=args.max_new_tokens,
-        draft_temperature=pair.draft_temperature if args.draft_temperature is None else args.draft_temperature,
-        num_candidates=getattr(args, "num_candidates", SpeculativeConfig.num_candidates),  # bench: its list of W apart
+    sampling = SamplingConfig(**{name: getattr(args, name) for name in run_settings(SamplingConfig)})
+    speculative = SpeculativeConfig(  # bench: its list of W apart, so no --num-candidates
+        **{name: getattr(args, name) for name in run_settings(SpeculativeConfig) if hasattr(args, name)}
+        | {"draft_temperature": pair.draft_temperature if args.draft_temperature is None else args.draft_temperature}
     )
-    given = {spec.name: (kind, getattr(args, spec.name)) for kind, spec in option_fields()}
-    given = {name: (kind, value) for name, (kind, value) in given.items() if value is not None}
-    for name, (kind, _) in given.items():
-        if kind.name != pair.drafter:
+    kinds = option_kinds()
+    given = {name: getattr(args, name) for name in kinds if getattr(args, name) is not None}
+    for name in given:
+        if kinds[name].name != pair.drafter:
             raise ValueError(
-                f"--{name.replace('_', '-')} is an option of --draft {kind.name}, and this run drafts with "
-                f"{pair.drafter}: leave it out, or pick --draft {kind.name}."
+                f"{flag(name)} is an option of --draft {kinds[name].name}, and this run drafts with "
+                f"{pair.drafter}: leave it out, or pick --draft {kinds[name].name}."
             )
-    options = drafter_options(pair.drafter, {name: value for name, (_, value) in given.items()})
+    options = drafter_options(pair.drafter, given)
     return CliSettings(pair, sampling, speculative, options, pair_dtype(pair, args.dtype, pick_device()))

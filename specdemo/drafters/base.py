@@ -6,7 +6,7 @@ what describes a kind of drafter (DrafterKind): its options, and how to build on
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -83,19 +83,6 @@ class NoDrafter:
         pass
 
 
-def option(default: int, low: int, high: int, label: str, help: str) -> Any:
-    """A drafter option: a dataclass field whose metadata gives its limits, its label on the page and its help on the
-    command line, which are made from it (name `max_ngram_size`: flag `--max-ngram-size`, API parameter
-    `max_ngram_size`)."""
-    return field(default=default, metadata={"low": low, "high": high, "label": label, "help": help})
-
-
-def check_options(options: object) -> None:
-    """Every option within its limits; the ValueError names it as the command line does."""
-    for spec in fields(options):  # type: ignore[arg-type]
-        check_int(spec.name.replace("_", "-"), getattr(options, spec.name), spec.metadata["low"], spec.metadata["high"])
-
-
 @dataclass(frozen=True)
 class DraftingContext:
     """What a drafter may use, handed over by whoever builds it (engine.drafting): nothing a drafter imports."""
@@ -115,6 +102,6 @@ class DrafterKind:
     name: str
     label: str  # what tables call it
     description: str
-    options: type  # a frozen dataclass of `option` fields, validated in __post_init__ (check_options)
+    options: type  # a frozen dataclass of `config.setting` fields, validated in __post_init__ (config.check_settings)
     build: Callable[[Any, DraftingContext], Drafter]  # (options, context) -> a fresh drafter, whose state is its own
     cost_aware: bool = False  # plans with the target's pass costs, which are measured when its pair loads

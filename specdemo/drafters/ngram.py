@@ -9,28 +9,37 @@ from dataclasses import dataclass
 
 import torch
 
-from specdemo.drafters.base import Draft, DraftRequest, check_options, option
+from specdemo.config import check_settings, setting
+from specdemo.drafters.base import Draft, DraftRequest
 
 MAX_NGRAM_SIZE = 8
 
 
 @dataclass(frozen=True)
 class NgramOptions:
-    max_ngram_size: int = option(
-        3, 1, MAX_NGRAM_SIZE, "Longest n-gram matched", "prompt lookup: the longest n-gram matched, tried first"
+    max_ngram_size: int = setting(
+        3,
+        "max-ngram-size",
+        low=1,
+        high=MAX_NGRAM_SIZE,
+        whole=True,
+        label="Longest n-gram matched",
+        help="prompt lookup: the longest n-gram matched, tried first",
     )
     # one-token matches in free text are mostly noise, and on a CPU a rejected proposal costs a multi-token pass,
     # dearer than a one-token step (bench --min-ngram-size 1); with W > 1 the later candidates follow them anyway
-    min_ngram_size: int = option(
+    min_ngram_size: int = setting(
         2,
-        1,
-        MAX_NGRAM_SIZE,
-        "Shortest n-gram matched",
-        "prompt lookup: the shortest n-gram matched, with one candidate per round",
+        "min-ngram-size",
+        low=1,
+        high=MAX_NGRAM_SIZE,
+        whole=True,
+        label="Shortest n-gram matched",
+        help="prompt lookup: the shortest n-gram matched, with one candidate per round",
     )
 
     def __post_init__(self) -> None:
-        check_options(self)
+        check_settings(self)
         if self.min_ngram_size > self.max_ngram_size:
             raise ValueError(
                 f"min-ngram-size must be at most max-ngram-size ({self.max_ngram_size}), got {self.min_ngram_size}."

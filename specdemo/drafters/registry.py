@@ -3,8 +3,10 @@ names as its drafter is a draft model (drafters/model.py)."""
 
 from __future__ import annotations
 
-from dataclasses import Field, fields
+from dataclasses import fields
+from typing import Any
 
+from specdemo.config import Setting, run_settings
 from specdemo.drafters.base import DrafterKind, DraftingContext
 from specdemo.drafters.head_file import cached_head, head_path
 from specdemo.drafters.hybrid import HybridDrafter, HybridOptions
@@ -71,13 +73,17 @@ def drafter_names() -> str:
     return ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def option_fields() -> list[tuple[DrafterKind, Field]]:
-    """Every kind's options, in registry order: what the command line's flags and the page's controls are made of.
-    Their names are unique across kinds, so each is one flag and one API parameter."""
-    found = [(kind, spec) for kind in DRAFTER_KINDS.values() for spec in fields(kind.options)]
-    names = [spec.name for _, spec in found]
-    assert len(names) == len(set(names)), f"two drafter kinds name an option alike: {names}"
-    return found
+def option_kinds() -> dict[str, DrafterKind]:
+    """Each kind's options by name, in registry order, with the kind that declares it. Their names are unique across
+    kinds, so each is one flag, one page control and one API parameter."""
+    found = [(name, kind) for kind in DRAFTER_KINDS.values() for name in run_settings(kind.options)]
+    assert len(found) == len(dict(found)), f"two drafter kinds name an option alike: {[name for name, _ in found]}"
+    return dict(found)
+
+
+def option_settings() -> dict[str, tuple[Any, Setting]]:
+    """Every kind's options as config.run_settings gives a config's settings: (default, Setting) by name."""
+    return {name: run_settings(kind.options)[name] for name, kind in option_kinds().items()}
 
 
 def drafter_options(drafter: str, values: dict[str, object]) -> object | None:

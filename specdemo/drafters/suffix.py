@@ -11,8 +11,9 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from specdemo.config import check_settings, setting
 from specdemo.core.planning import PassCosts, plan_draft
-from specdemo.drafters.base import Draft, DraftRequest, check_options, option
+from specdemo.drafters.base import Draft, DraftRequest
 
 MAX_MATCH = 8  # the longest suffix matched; the trie keeps strings one longer, so a match has a next token
 MATCH_BUCKETS = (1, 2, 3, 4, 6)  # match lengths calibrated apart: 1, 2, 3, 4-5, 6 and more
@@ -25,16 +26,18 @@ MAX_SUFFIX_CACHE_TOKENS = 200_000  # its trie keeps up to 9 nodes per token: bou
 
 @dataclass(frozen=True)
 class SuffixOptions:
-    suffix_cache_tokens: int = option(
+    suffix_cache_tokens: int = setting(
         20_000,
-        0,
-        MAX_SUFFIX_CACHE_TOKENS,
-        "Earlier output tokens remembered",
-        "suffix drafting: tokens of earlier outputs it remembers (the oldest go first)",
+        "suffix-cache-tokens",
+        low=0,
+        high=MAX_SUFFIX_CACHE_TOKENS,
+        whole=True,
+        label="Earlier output tokens remembered",
+        help="suffix drafting: tokens of earlier outputs it remembers (the oldest go first)",
     )
 
     def __post_init__(self) -> None:
-        check_options(self)
+        check_settings(self)
 
 
 class SuffixTrie:

@@ -3,7 +3,9 @@ in the RunRequest; the table's defaults are the API's as they were before the ta
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 import urllib.request
 
 from gradio_client import Client
@@ -72,7 +74,7 @@ def test_picking_a_pair_suggests_its_draft_temperature_and_setting_one_changes_n
 
 def test_the_pair_dropdown_marks_pairs_too_big_for_this_gpu_and_gated_ones_without_a_token(monkeypatch):
     """On a T4 (auto: float16) with no Hub token: the 7B and 8B pairs are too big, the Llama and Gemma pairs gated;
-    the page's dropdown was made the same way, once, at import, for this machine."""
+    the page's dropdown is made the same way, when the page is built, for this machine."""
     import torch
 
     from specdemo.app.form import by_name, pair_choices
@@ -81,11 +83,11 @@ def test_the_pair_dropdown_marks_pairs_too_big_for_this_gpu_and_gated_ones_witho
     from tests.models.test_float16 import simulate_gpu
     from tests.test_pairs import T4_MEMORY, without_a_token
 
-    assert by_name(RUN_FIELDS, "pair").choices == pair_choices(pick_device())
+    assert by_name(RUN_FIELDS, "pair").choices() == pair_choices(pick_device())
     assert by_name(RUN_FIELDS, "dtype").choices == list(DTYPE_CHOICES) == ["auto", "float32", "bfloat16", "float16"]
     simulate_gpu(monkeypatch, 7, 5)
     without_a_token(monkeypatch)
-    monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
+    monkeypatch.setattr("specdemo.models.fitting.device_memory", lambda device: (T4_MEMORY, T4_MEMORY))
     labels = {key: label for label, key in pair_choices(torch.device("cuda"))}
     assert labels == {
         **{pair.key: pair.label for pair in PAIRS},
@@ -96,3 +98,21 @@ def test_the_pair_dropdown_marks_pairs_too_big_for_this_gpu_and_gated_ones_witho
         "gemma-3-270m-1b": "gemma-3-270m-it → gemma-3-1b-it — gated: needs HF_TOKEN",
         "custom": "Custom: any two Hub ids",
     }
+
+
+def test_importing_the_form_probes_no_device(monkeypatch):
+    """The pair list asks the device (pick_device, its memory) when the page is built, never at import: a fresh copy
+    of the module imports with every probe refusing. Planted: the pair row's `pair_choices(pick_device())` put back at
+    import."""
+    from specdemo.models import fitting, loading
+
+    def probe(*args: object) -> None:
+        raise AssertionError("importing the form probed the device")
+
+    for module, name in [(loading, "pick_device"), (loading, "device_memory"), (fitting, "device_memory")]:
+        monkeypatch.setattr(module, name, probe)
+    spec = importlib.util.spec_from_file_location("form_copy", form.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "form_copy", copy)  # dataclasses look their module up
+    spec.loader.exec_module(copy)
+    assert callable(copy.by_name(copy.RUN_FIELDS, "pair").choices)

@@ -19,20 +19,28 @@ import torch
 
 from specdemo.app import form
 from specdemo.cli.main import build_parser
-from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.config import SamplingConfig, SpeculativeConfig, check_settings, setting
 from specdemo.core.stats import emitted_ids
-from specdemo.drafters.base import Draft, DrafterKind, DraftRequest, check_options, option
-from specdemo.drafters.registry import DRAFTER_KINDS, drafter_options, option_fields
+from specdemo.drafters.base import Draft, DrafterKind, DraftRequest
+from specdemo.drafters.registry import DRAFTER_KINDS, drafter_options, option_kinds
 from specdemo.engine.scheduler import DecodeRequest, Schedulers
 from specdemo.models.loading import LoadedModel
 
 
 @dataclass(frozen=True)
 class RepeatOptions:
-    repeat_times: int = option(2, 1, 6, "Copies of the last token", "repeat: how many copies of the last token")
+    repeat_times: int = setting(
+        2,
+        "repeat-times",
+        low=1,
+        high=6,
+        whole=True,
+        label="Copies of the last token",
+        help="repeat: how many copies of the last token",
+    )
 
     def __post_init__(self) -> None:
-        check_options(self)
+        check_settings(self)
 
 
 class RepeatDrafter:
@@ -63,11 +71,17 @@ def registered(monkeypatch):
 
 
 def test_its_options_become_flags_and_page_controls(registered):
-    assert ("repeat", "repeat_times") in [(kind.name, spec.name) for kind, spec in option_fields()]
+    assert option_kinds()["repeat_times"] is REPEAT
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--draft", "repeat", "--repeat-times", "4"])
     assert args.repeat_times == 4
-    controls = [row for row in form._option_rows() if row.kind == "repeat"]
-    assert [(row.name, row.default, row.high) for row in controls] == [("repeat_times", 2, 6)]
+    control = form.run_setting("repeat_times")
+    assert (control.name, control.default, control.high, control.kind, control.section) == (
+        "repeat_times",
+        2,
+        6,
+        "repeat",
+        "drafter",
+    )
     assert drafter_options("repeat", {"repeat_times": 3}) == RepeatOptions(3)
     with pytest.raises(ValueError, match="repeat-times must be between 1 and 6, got 9"):
         drafter_options("repeat", {"repeat_times": 9})

@@ -19,11 +19,13 @@ from benchmarks.memory import DEVICES, device_dtype, plans, table
 from specdemo.config import MAX_NUM_DRAFT_TOKENS
 from specdemo.engine.costs import MEASURED_GROUPS, MEASURED_SLOTS, SHARED_CONTEXT_TOKENS
 from specdemo.engine.scheduler import MAX_BATCH_ROWS
+from specdemo.engine.setup import RUN_SETTINGS, plan_pair
+from specdemo.models.fitting import MODEL_SHAPES, PARAMETER_COUNTS
 from specdemo.models.fixed_shape import FixedShapeModel
 from specdemo.models.layout import RowRequest
 from specdemo.models.memory import Device, MemoryPlan, RunLimits
 from specdemo.models.pools import PASS_ROWS, ModelPools, limit_pools, pools_for
-from specdemo.pairs import MODEL_SHAPES, PAIRS, PARAMETER_COUNTS, RUN_SETTINGS, find_pair, plan_pair
+from specdemo.pairs import PAIRS, find_pair
 
 FAMILIES = {  # model -> (model_type, tied embedding), as each config.json says
     "HuggingFaceTB/SmolLM2-135M-Instruct": ("llama", True),
@@ -231,13 +233,14 @@ def test_auto_picks_float32_for_qwen_on_a_pre_ampere_gpu_and_refuses_it_where_fl
     """A simulated compute-7.5 GPU of a T4's bytes: Qwen2.5 and Gemma 3 run in float32 (float16 overflows there),
     SmolLM2 and Llama in float16; the format line says why; Qwen2.5-7B in float32 does not fit: marked with a
     sentence naming the format. On an Ampere GPU auto is bfloat16 for all."""
+    from specdemo.engine.setup import pair_marks
     from specdemo.models.loading import dtype_reason, model_dtype_reason, resolve_dtype
-    from specdemo.pairs import pair_dtype, pair_marks
+    from specdemo.pairs import pair_dtype
     from tests.models.test_float16 import simulate_gpu
 
     simulate_gpu(monkeypatch, 7, 5)
     monkeypatch.setenv("HF_TOKEN", "hf_a_token")
-    monkeypatch.setattr("specdemo.pairs.device_memory", lambda device: (DEVICES[0].total_bytes,) * 2)
+    monkeypatch.setattr("specdemo.models.fitting.device_memory", lambda device: (DEVICES[0].total_bytes,) * 2)
     cuda = torch.device("cuda")
     assert resolve_dtype("auto", cuda) == torch.float16  # existing callers: unchanged
     qwen = find_pair("qwen2.5-0.5b-1.5b")

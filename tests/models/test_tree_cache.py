@@ -18,11 +18,12 @@ from specdemo.core.rounds import Round
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, speculative_generate
+from specdemo.engine.setup import make_drafter
 from specdemo.models.layout import TRUNK, WIDTH_STEP
 from specdemo.models.loading import LoadedModel, chat_prompt_ids, load_model
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel, attention_kinds
-from specdemo.pairs import find_pair, make_drafter
+from specdemo.pairs import find_pair
 from tests.helpers import hf_greedy, tiny_model
 
 GREEDY = SamplingConfig()

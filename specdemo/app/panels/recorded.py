@@ -23,10 +23,10 @@ from specdemo.config import check_prompt_fits
 from specdemo.core.rounds import Round
 from specdemo.engine.decoding import speculative_generate
 from specdemo.engine.drafting import build_drafter
+from specdemo.engine.setup import load_pair
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, Progress, chat_prompt_ids
 from specdemo.models.platform import device_name, torch_build
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import load_pair
 
 RECORDED_FOLDER = Path(__file__).with_name("recorded_runs")  # one file a run, data the page reads, beside the code
 # float32, not `auto`: auto is bfloat16 on a CPU with native bfloat16, and only a float32 greedy run is sure to give the

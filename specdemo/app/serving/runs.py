@@ -34,6 +34,7 @@ from specdemo.engine.decoding import BatchDecoder
 from specdemo.engine.drafting import build_drafter
 from specdemo.engine.resources import openmp_workers_released
 from specdemo.engine.scheduler import MAX_BATCH_ROWS, DecodeRequest, RowStream, Schedulers, measure_for_sharing
+from specdemo.engine.setup import check_run_limits, load_pair
 from specdemo.models.graphs import DeviceLock
 from specdemo.models.loading import (
     OFFLINE_DEFAULT,
@@ -44,7 +45,7 @@ from specdemo.models.loading import (
 )
 from specdemo.models.platform import announce
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import DEFAULT_PAIR, Pair, check_run_limits, load_pair
+from specdemo.pairs import DEFAULT_PAIR, Pair
 
 RUN_TIME_BUDGET_SECONDS = 120.0  # one run, comparison included; then it stops and says so (on ZeroGPU: its call's)
 RUN_CONCURRENCY = MAX_BATCH_ROWS  # runs decoding at once, as rows of one batch per model (one per call on ZeroGPU)

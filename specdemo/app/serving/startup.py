@@ -15,9 +15,10 @@ import torch
 from specdemo.app.form import LeftOut
 from specdemo.app.serving.zerogpu import PAIRS_VARIABLE
 from specdemo.engine.drafting import build_drafter
+from specdemo.engine.setup import pair_fits, pair_marks
 from specdemo.models.loading import LoadedModel, check_same_tokenizer, gated_on_hub, gated_sentence, readable_bytes
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import PAIRS, Pair, needs_token, pair_dtype, pair_fits, pair_marks
+from specdemo.pairs import PAIRS, Pair, needs_token, pair_dtype
 
 
 def check_pair(pair: Pair, cache: ModelCache, device: torch.device, dtype: torch.dtype) -> LeftOut | None:

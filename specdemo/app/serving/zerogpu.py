@@ -26,10 +26,11 @@ import gradio as gr
 import torch
 
 from specdemo.app.serving.messages import every_failure_said, loading, user_error
+from specdemo.engine.setup import load_pair
 from specdemo.models.loading import LoadedModel, Progress, set_up_on_device
 from specdemo.models.platform import on_zerogpu
 from specdemo.models.shared import ModelCache
-from specdemo.pairs import DEFAULT_PAIR, PAIRS_BY_KEY, Pair, load_pair
+from specdemo.pairs import DEFAULT_PAIR, PAIRS_BY_KEY, Pair
 
 ON_ZEROGPU = on_zerogpu()  # read once, as `spaces` reads it at import
 # Estimates, not yet measured on ZeroGPU: a visitor's daily quota is 2 minutes (anonymous) to 40 (PRO), and spaces
