@@ -1,6 +1,7 @@
 """The Audit tab through /audit: the default audit passes, a planted bug fails, model mode's samples agree, bad input
-is one sentence, and Stop ends a model audit. Under the coupled rule the rule passes, with each seed's text the target
-alone's, and each of its planted bugs fails by the check meant for it."""
+is one sentence, Stop ends a model audit, and a failing one is a sentence after which the next runs. Under the coupled
+rule the rule passes, with each seed's text the target alone's, and each of its planted bugs fails by the check meant
+for it. The model audit's worker sends its progress and hands back its outcome."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import json
 import threading
 from pathlib import Path
 
+import gradio as gr
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from specdemo.app.tabs.audit import bug_choices
+import specdemo.app.serving.audit as serving_audit
+from specdemo.app.serving.audit import bug_choices, drawing
 from specdemo.audit import BUGS, COUPLED_BUGS, MODEL_BATCH_ROWS
 from tests.helpers import assert_stopped_runs_leave_at_the_next_round, count_rounds, wait_for_rounds, wait_until
 
@@ -129,3 +132,48 @@ def test_stop_ends_a_model_audit_at_the_next_round_and_the_app_keeps_serving(cli
     wait_until(lambda: not any(t.is_alive() for t in audit_threads), "the audit's thread ending")
     verdict, *_ = client.predict(num_samples=10_000, api_name="/audit")
     assert verdict.startswith("**Lossless")
+
+
+def test_a_failing_model_audit_is_one_sentence_and_the_next_model_audit_runs(client, monkeypatch):
+    """The audit fails holding the models' lock, as a failing pass would: this user reads one sentence, and the next
+    model audit draws all its samples (planted: `failed` that yields its sentence without raising it)."""
+
+    def failing(**settings: object) -> None:
+        with settings["lock"]:
+            raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(serving_audit, "model_audit", failing)
+    with pytest.raises(AppError) as caught:
+        client.predict(mode="model", num_samples=100, num_tokens=1, api_name="/audit")
+    message = str(caught.value)
+    assert message.startswith("The model audit failed, and the app is still serving: try again"), message
+    assert message.endswith("(RuntimeError: planted failure)."), message
+    monkeypatch.undo()
+    verdict, _, _, download = client.predict(mode="model", num_samples=100, num_tokens=1, api_name="/audit")
+    assert verdict.startswith("**Lossless"), verdict
+    assert sum(json.loads(Path(download["value"]).read_text())["speculative"]) == 100
+
+
+def test_the_audit_worker_sends_progress_while_the_audit_draws_then_hands_back_its_outcome():
+    """`drawing` runs the audit in its worker and yields its share drawn until it ends, then returns its result or
+    raises its error (planted: a worker that swallows the audit's error)."""
+    released = threading.Event()
+
+    def audit(on_progress) -> str:
+        on_progress(0.5)
+        assert released.wait(60), "hang guard: the test never released the audit"
+        return "drawn"
+
+    steps = drawing(audit, gr.Progress())
+    wait_until(lambda: next(steps)[0] == "Drawing samples: 50%", "the audit's progress reaching the page")
+    released.set()
+    with pytest.raises(StopIteration) as ended:
+        while True:
+            next(steps)
+    assert ended.value.value == "drawn"
+
+    def stopped(on_progress) -> str:
+        raise InterruptedError("stopped at its next round")
+
+    with pytest.raises(InterruptedError):
+        list(drawing(stopped, gr.Progress()))

@@ -6,7 +6,7 @@ import pytest
 
 from specdemo.app.form import RUN_FIELDS, names, parse_request
 from specdemo.app.panels.lessons import LESSONS, Lesson
-from specdemo.app.tabs.audit import AUDIT_FIELDS, NAMES, parse_audit
+from specdemo.app.serving.audit import AUDIT_FIELDS, NAMES, parse_audit
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.key)

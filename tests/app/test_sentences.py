@@ -20,8 +20,8 @@ from gradio_client.exceptions import AppError
 from spaces.zero import api, client, config
 from spaces.zero.gradio import error as spaces_error
 
+import specdemo.app.serving.audit as audit
 import specdemo.app.serving.zerogpu as zerogpu
-import specdemo.app.tabs.audit as audit
 from specdemo.app.serving.handlers import Downloads
 from specdemo.app.serving.messages import failure_sentence, loading
 from specdemo.app.serving.runs import Server

@@ -35,7 +35,6 @@ from pathlib import Path
 import gradio as gr
 from gradio.utils import get_upload_folder
 
-from specdemo.engine.scheduler import STOP_POLL_SECONDS
 from specdemo.models.platform import fork_safe
 
 MAX_DOWNLOADS = 32  # trace and audit files kept; the oldest goes when another is written
@@ -136,18 +135,6 @@ def stoppable(
     handler.__name__ = handler.__qualname__ = name
     handler.__doc__ = doc
     return handler
-
-
-def wait_until(stop: threading.Event | None, done: Callable[[], bool], seconds: float) -> bool:
-    """Wait up to `seconds` for `done()`, looking at `stop` every STOP_POLL_SECONDS; False when stopped."""
-    deadline = time.monotonic() + seconds
-    while not done():
-        if stop is not None and stop.is_set():
-            return False
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(min(STOP_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
-    return True
 
 
 class Downloads:
