@@ -3,7 +3,7 @@ the tokens emitted at each position must follow p. Under the coupled rule, N tex
 drafted and verified round by round with the noise (or a planted noise bug): each position and the first two tokens
 together must follow p, and each text must be the target alone's text for its seed."""
 
-# N = samples, K = num_draft_tokens, W = num_candidates, V = vocab_size, L = text length under the coupled rule (K+2)
+# N = samples, K = num_draft_tokens, W = num_candidates, V = vocab_size, T = text length under the coupled rule (K+2)
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class ToyAudit:
 
     target: list[float]  # p
     draft: list[float]  # q, what the draft sampled from
-    counts: list[list[int]]  # [K+1][V] by position in the round; coupled rule: [L][V] by position in the text
+    counts: list[list[int]]  # [K+1][V] by position in the round; coupled rule: [T][V] by position in the text
     fits: list[PositionFit]
     tv_curve: list[tuple[int, float, float]]  # (N so far, TV at the first position, its noise band top)
     verdict: str
@@ -134,12 +134,12 @@ def coupled_toy_audit(
         raise ValueError(f"Unknown bug {bug!r} for the coupled rule: pick one of {', '.join(map(repr, COUPLED_BUGS))}.")
     p, q, vocab_size, length = target.double(), draft.double(), len(target), num_draft_tokens + 2
     first_seed = mix64(torch.tensor([seed], dtype=torch.int64, device=target.device))  # [1] far from seed + 1's rows
-    counts = torch.zeros(length, vocab_size, dtype=torch.long, device=target.device)  # [L, V]
+    counts = torch.zeros(length, vocab_size, dtype=torch.long, device=target.device)  # [T, V]
     pairs = torch.zeros(vocab_size * vocab_size, dtype=torch.long, device=target.device)  # [V * V]
     curve, done, differing = [], 0, 0
     for size in _chunks(num_samples):
         seeds = first_seed + torch.arange(done, done + size, device=target.device)  # [n]
-        texts = _coupled_texts(p, q, num_draft_tokens, num_candidates, bug, seeds, length)  # [n, L]
+        texts = _coupled_texts(p, q, num_draft_tokens, num_candidates, bug, seeds, length)  # [n, T]
         differing += int((texts != _target_alone_texts(p, bug, seeds, length)).any(dim=1).sum())
         for position in range(length):
             counts[position] += torch.bincount(texts[:, position], minlength=vocab_size)
@@ -169,9 +169,9 @@ def _coupled_texts(
     num_candidates: int,
     bug: str,
     seeds: torch.Tensor,  # [N] int64
-    length: int,  # L
-) -> torch.Tensor:  # [N, L] the speculative texts
-    """Rounds until every text has L tokens: the drafter draws with the rule's noise (as every drafter does: W distinct
+    length: int,  # T
+) -> torch.Tensor:  # [N, T] the speculative texts
+    """Rounds until every text has T tokens: the drafter draws with the rule's noise (as every drafter does: W distinct
     first tokens by Gumbel-top-k, then each beam's argmax), the rule decides with the noise `bug` names."""
     k, vocab_size, device = num_draft_tokens, len(target), seeds.device
     width = min(num_candidates, vocab_size)  # W distinct first tokens at most
@@ -206,8 +206,8 @@ def _target_alone_texts(
     target: torch.Tensor,  # [V] p
     bug: str,
     seeds: torch.Tensor,  # [N] int64
-    length: int,  # L
-) -> torch.Tensor:  # [N, L]
+    length: int,  # T
+) -> torch.Tensor:  # [N, T]
     """Target-only decoding under the same noise: one token a round, as the engine asks for it (start t, round t, no
     draft)."""
     alone = torch.empty(len(seeds), length, dtype=torch.int64, device=seeds.device)

@@ -2,7 +2,8 @@
 the sub-vocabulary the target writes most (FR-Spec) through the target's tied LM head; per sequence, lifted by vmap."""
 
 # R = rows, W = beams, K = num_draft_tokens, N = positions (training), H = the target's hidden size,
-# L = the target layers read, V = the target's vocab_size, S = the head's sub-vocabulary size
+# F = the target states read (the layers read side by side: layers x H), V = the target's vocab_size,
+# U = the head's sub-vocabulary size
 
 from __future__ import annotations
 
@@ -50,9 +51,9 @@ class RecurrentHead(nn.Module):
         layers = layer_indices(target, layers)
         embedding = target.get_input_embeddings().weight.detach()  # [V, H] the target's own tensor, not a copy
         output = target.get_output_embeddings().weight.detach()  # [V, H] (the same matrix when tied)
-        self.register_buffer("vocabulary", vocabulary.long().clone())  # [S] target ids, most written first
+        self.register_buffer("vocabulary", vocabulary.long().clone())  # [U] target ids, most written first
         self.register_buffer("embedding", embedding, persistent=False)
-        self.register_buffer("output_rows", output[vocabulary], persistent=False)  # [S, H]
+        self.register_buffer("output_rows", output[vocabulary], persistent=False)  # [U, H]
         self.fuse = nn.Linear(len(layers) * hidden, hidden, bias=False) if len(layers) > 1 else None  # F
         self.input = nn.Linear(hidden, hidden)  # W, with a bias
         self.recurrent = nn.Linear(hidden, hidden, bias=False)  # U
@@ -61,7 +62,7 @@ class RecurrentHead(nn.Module):
         self.shape = HeadShape(hidden, num_blocks, layers)
         self.trained: dict = {}  # how its file says it was trained, with its held-out figures
 
-    def read(self, llm_states: torch.Tensor) -> torch.Tensor:  # [..., L*H] -> [..., H]
+    def read(self, llm_states: torch.Tensor) -> torch.Tensor:  # [..., F] -> [..., H]
         """What the RNN reads of the target: its layers' states (as the engine concatenates them) fused into one."""
         if self.fuse is None:
             return llm_states
@@ -74,7 +75,7 @@ class RecurrentHead(nn.Module):
         llm_state: torch.Tensor,  # [..., H] the target's last hidden state
         rnn_state: torch.Tensor,  # [..., H]
         input_token: torch.Tensor,  # [...] int64 target id
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [..., H] the next rnn_state, [..., S] logits over the sub-vocabulary
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [..., H] the next rnn_state, [..., U] logits over the sub-vocabulary
         """One step for one sequence (or any leading dimensions, as training feeds it)."""
         embedded = nn.functional.embedding(input_token, self.embedding)  # [..., H]
         rnn_state = nn.functional.silu(self.input(embedded) + self.recurrent(rnn_state))
@@ -85,10 +86,10 @@ class RecurrentHead(nn.Module):
 
     def forward(
         self,
-        llm_states: torch.Tensor,  # [N, L*H]
+        llm_states: torch.Tensor,  # [N, F]
         input_tokens: torch.Tensor,  # [N, K] the token the target chose, then the K - 1 tokens that followed
         own_drafts: bool = False,  # read its own greedy drafts after the first token, as drafting does
-    ) -> torch.Tensor:  # [N, K, S] logits of the K tokens after each input token (for training)
+    ) -> torch.Tensor:  # [N, K, U] logits of the K tokens after each input token (for training)
         """Teacher forcing reads the text's tokens; with own_drafts, step k reads the head's own argmax of step k-1
         (training-time test: what positions 2..K see when drafting)."""
         llm_states = self.read(llm_states)
@@ -107,7 +108,7 @@ class RecurrentHead(nn.Module):
         llm_token: torch.Tensor,  # [] int64 the token the target chose
         uniforms: torch.Tensor,  # [K] float64, one draw per drafted token
         temperature: torch.Tensor,  # [] > 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [K] target ids, [K, S] q each was drawn from
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [K] target ids, [K, U] q each was drawn from
         """One draft sequence, as the seeds write it; vmap adds the beam and row dimensions (sample_beams)."""
         rnn_state, token = torch.zeros_like(llm_state), llm_token
         tokens, probs = [], []
@@ -121,45 +122,45 @@ class RecurrentHead(nn.Module):
 
     def sample_beams(
         self,
-        llm_states: torch.Tensor,  # [R, L*H]
+        llm_states: torch.Tensor,  # [R, F]
         llm_tokens: torch.Tensor,  # [R] int64
         uniforms: torch.Tensor,  # [R, W, K] float64
         temperatures: torch.Tensor,  # [R]
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [R, W, K] target ids, [R, W, K, S] q
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [R, W, K] target ids, [R, W, K, U] q
         """W i.i.d. draft sequences per row: sample_seq lifted over beams (sharing the row's state), then rows."""
         over_beams = torch.func.vmap(self.sample_seq, in_dims=(None, None, 0, None))
         return torch.func.vmap(over_beams)(self.read(llm_states), llm_tokens, uniforms, temperatures)
 
     def coupled_beams(
         self,
-        llm_states: torch.Tensor,  # [R, L*H]
+        llm_states: torch.Tensor,  # [R, F]
         llm_tokens: torch.Tensor,  # [R] int64
-        noise: torch.Tensor,  # [R, K, S] float64: the coupled rule's G at each drafted position, on the sub-vocabulary
+        noise: torch.Tensor,  # [R, K, U] float64: the coupled rule's G at each drafted position, on the sub-vocabulary
         temperatures: torch.Tensor,  # [R]
-        width: int,  # W <= S
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [R, W, K] target ids, [R, W, K, S] q, [R, W] live
+        width: int,  # W <= U
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [R, W, K] target ids, [R, W, K, U] q, [R, W] live
         """The coupled rule's W drafts: the W best first tokens of log q + G (distinct), then each beam's argmax of
         log q + G at its next positions, the noise the target's own choices use. A beam whose first token has q = 0
         (q allows fewer than W) is not live: it is returned, to keep the shape, and not drafted."""
         llm_states = self.read(llm_states)
         rnn_state, logits = self.rnn_drafter(llm_states, torch.zeros_like(llm_states), llm_tokens)
-        q = (logits.float() / temperatures[:, None]).softmax(dim=-1)  # [R, S]
+        q = (logits.float() / temperatures[:, None]).softmax(dim=-1)  # [R, U]
         chosen, live = coupled_top(q, noise[:, 0], width)  # [R, W] sub-vocabulary indices, [R, W] q > 0
         sequences, probs = [chosen], [q[:, None].expand(-1, width, -1)]
         rnn_state = rnn_state[:, None].expand(-1, width, -1)  # [R, W, H]
         states = llm_states[:, None].expand(-1, width, -1)
         for step in range(1, noise.shape[1]):
             rnn_state, logits = self.rnn_drafter(states, rnn_state, self.vocabulary[sequences[-1]])
-            q = (logits.float() / temperatures[:, None, None]).softmax(dim=-1)  # [R, W, S]
+            q = (logits.float() / temperatures[:, None, None]).softmax(dim=-1)  # [R, W, U]
             sequences.append(coupled_choice(q, noise[:, step, None]))
             probs.append(q)
         return self.vocabulary[torch.stack(sequences, dim=2)], torch.stack(probs, dim=2), live
 
     def beam_search(
         self,
-        llm_states: torch.Tensor,  # [R, L*H]
+        llm_states: torch.Tensor,  # [R, F]
         llm_tokens: torch.Tensor,  # [R] int64
-        width: int,  # W <= S
+        width: int,  # W <= U
         depth: int,  # K >= 1
     ) -> torch.Tensor:  # [R, W, K] target ids, the W most likely sequences under the head, most likely first
         """Temperature 0: deterministic candidates, which share their prefixes in the target's tree."""
@@ -171,7 +172,7 @@ class RecurrentHead(nn.Module):
         states = llm_states[:, None].expand(-1, width, -1)
         for _ in range(depth - 1):
             rnn_state, logits = self.rnn_drafter(states, rnn_state, self.vocabulary[sequences[..., -1]])
-            totals = (scores[..., None] + logits.float().log_softmax(dim=-1)).flatten(1)  # [R, W*S]
+            totals = (scores[..., None] + logits.float().log_softmax(dim=-1)).flatten(1)  # [R, W*U]
             scores, flat = totals.topk(width, dim=-1)  # [R, W]
             beams, tokens = flat // logits.shape[-1], flat % logits.shape[-1]
             sequences = torch.cat([sequences.gather(1, beams[..., None].expand_as(sequences)), tokens[..., None]], -1)

@@ -5,7 +5,8 @@ the head (steps_for): every drafter and request that drafts with one head replay
 the device for the rule, and the host reads the drafted ids once. The steps hold graphs.DEVICE_WORK, as the rounds do:
 a program's inputs and outputs are shared by every run using the head."""
 
-# R = rows, W = beams, K = steps, S = the head's sub-vocabulary, V = the target's vocabulary, L*H = states read
+# R = rows, W = beams, K = steps, U = the head's sub-vocabulary, V = the target's vocabulary,
+# F = states read (layers x H)
 
 from __future__ import annotations
 
@@ -40,13 +41,13 @@ class HeadSteps:
 
     def greedy(
         self, states: torch.Tensor, tokens: torch.Tensor, width: int, depth: int
-    ) -> torch.Tensor:  # states [R, L*H], tokens [R] -> [R, W, K] target ids
+    ) -> torch.Tensor:  # states [R, F], tokens [R] -> [R, W, K] target ids
         (ids,) = self._run(("greedy", width, depth), [states, tokens])
         return ids
 
     def sampled(
         self,
-        states: torch.Tensor,  # [R, L*H]
+        states: torch.Tensor,  # [R, F]
         tokens: torch.Tensor,  # [R] int64
         uniforms: torch.Tensor,  # [R, W, K] float64
         temperatures: torch.Tensor,  # [R]
@@ -95,7 +96,7 @@ class HeadSteps:
     def _sampled(
         self, states: torch.Tensor, tokens: torch.Tensor, uniforms: torch.Tensor, temperatures: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, probs = self.head.sample_beams(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, S]
+        ids, probs = self.head.sample_beams(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, U]
         full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)  # [R, W, K, V]
         full[..., self.head.vocabulary] = probs
         return ids, full

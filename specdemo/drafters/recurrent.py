@@ -1,7 +1,7 @@
 """The recurrent drafter: a RecurrentHead's W candidates per row from the target's hidden states (beam search for greedy
 rows, W sampled beams else, q = 0 outside the head's sub-vocabulary so the rule stays exact) and each row's chances."""
 
-# R = rows asking for drafts, W = num_candidates, K = num_draft_tokens, L*H = the target's states the head reads,
+# R = rows asking for drafts, W = num_candidates, K = num_draft_tokens, F = the target's states the head reads,
 # V = the target's vocab_size
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ layers it reads) and the token x_{t+1} it chose, the head learns the target's ne
 top entries as soft labels), reading the text's tokens (teacher forcing) or its own drafts (training-time test).
 Checkpointed, so an interrupted run resumes; held-out acceptance per draft position is measured as it goes."""
 
-# N = training positions, K = depth (draft positions trained), H = hidden_size, L = layers read, S = sub-vocabulary,
+# N = training positions, K = depth (draft positions trained), H = hidden_size, F = the layers read side by side
+# (layers x H), U = sub-vocabulary,
 # A = TOP_ENTRIES
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class FitSettings:
     steps: int = 6000  # +0.08 tokens per pass over 4,000 on fresh prompts, with 407k positions (docs/)
     batch_size: int = 256  # positions a step, each trained over `depth` draft positions
     depth: int = 4
-    vocabulary_size: int = 8192  # S: measured, see docs/recurrent-drafter.md
+    vocabulary_size: int = 8192  # U: measured, see docs/recurrent-drafter.md
     num_blocks: int = 1
     learning_rate: float = 1e-3
     weight_decay: float = 0.01
@@ -68,7 +69,7 @@ class FitSettings:
 class Positions:
     """Every trainable position of a set of texts: what the head reads, and what it should predict."""
 
-    hidden: torch.Tensor  # [N, L*H] bfloat16 h_t, the layers' states concatenated
+    hidden: torch.Tensor  # [N, F] bfloat16 h_t, the layers' states concatenated
     inputs: torch.Tensor  # [N, K] int64 x_{t+1} ... x_{t+K} (0 past the end)
     argmax: torch.Tensor  # [N, K] int64 the target's argmax at t+1 ... t+K (IGNORE past the end)
     follows: torch.Tensor  # [N, K] bool the text went on with that argmax (x_{t+k+1} == argmax_{t+k})
@@ -114,7 +115,7 @@ def read_positions(chunks: list[Path], layers: tuple[int, ...], depth: int) -> P
     return Positions(hidden=hidden, **{name: torch.cat(parts) for name, parts in columns.items()})
 
 
-def sub_vocabulary(positions: Positions, size: int, vocab_size: int) -> torch.Tensor:  # [S] ids, most frequent first
+def sub_vocabulary(positions: Positions, size: int, vocab_size: int) -> torch.Tensor:  # [U] ids, most frequent first
     """The tokens the target predicts most often in its texts (FR-Spec's frequency ranking)."""
     labels = positions.argmax[:, 0]
     counts = torch.bincount(labels[labels >= 0], minlength=vocab_size)
@@ -154,16 +155,16 @@ def training_loss(head: RecurrentHead, batch: dict[str, torch.Tensor], lookup: t
         halves = [replace(settings, unroll=unroll) for unroll in ("teacher", "drafts")]
         return sum(training_loss(head, batch, lookup, half) for half in halves) / 2
     drafts = settings.unroll == "drafts"
-    logits = head(batch["hidden"].float(), batch["inputs"], own_drafts=drafts)  # [B, K, S]
+    logits = head(batch["hidden"].float(), batch["inputs"], own_drafts=drafts)  # [B, K, U]
     valid = batch["argmax"] >= 0  # [B, K]
     if drafts:
         drafted = head.vocabulary[logits.argmax(dim=-1)]  # [B, K]
         goes_on = ((drafted == batch["argmax"]) & batch["follows"]).long().cumprod(dim=1)
         valid &= torch.cat([torch.ones_like(goes_on[:, :1]), goes_on[:, :-1]], dim=1).bool()
     if settings.labels == "argmax":
-        target = lookup[batch["argmax"].clamp(min=0)].masked_fill(~valid, IGNORE)  # [B, K] in S
+        target = lookup[batch["argmax"].clamp(min=0)].masked_fill(~valid, IGNORE)  # [B, K] in U
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
-    index = lookup[batch["top_ids"]]  # [B, K, A] in S, or IGNORE off the sub-vocabulary
+    index = lookup[batch["top_ids"]]  # [B, K, A] in U, or IGNORE off the sub-vocabulary
     weights = batch["top_probs"].float() * (index >= 0) * valid[..., None]
     log_q = logits.log_softmax(dim=-1).gather(-1, index.clamp(min=0))  # [B, K, A]
     return -(weights * log_q).sum() / weights.sum().clamp(min=1e-9)
@@ -196,7 +197,7 @@ def fit(
     head = RecurrentHead(target, vocabulary.to(target.device), settings.num_blocks, settings.layers)
     head = head.to(target.device).float()
     device = head.output_rows.device
-    lookup = torch.full((head.embedding.shape[0],), IGNORE, dtype=torch.long, device=device)  # target id -> S
+    lookup = torch.full((head.embedding.shape[0],), IGNORE, dtype=torch.long, device=device)  # target id -> U
     lookup[vocabulary.to(device)] = torch.arange(len(vocabulary), device=device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _rate(step, settings))

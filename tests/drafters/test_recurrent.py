@@ -66,10 +66,10 @@ def head_draws(head, width: int, copy: bool):
 
     def draw(previous, draft_table, num_candidates, depth, deterministic, generator):
         embedded = head.embedding[previous]  # [N, H]
-        states = torch.cat([embedded * (i + 1) for i in range(len(head.shape.layers))], dim=-1)  # [N, L*H]
+        states = torch.cat([embedded * (i + 1) for i in range(len(head.shape.layers))], dim=-1)  # [N, F]
         uniforms = torch.rand(len(previous), width, depth, dtype=torch.float64, generator=generator)
         with torch.no_grad():
-            ids, q = head.sample_beams(states, previous, uniforms, torch.ones(len(previous)))  # [N, W, K], .. S]
+            ids, q = head.sample_beams(states, previous, uniforms, torch.ones(len(previous)))  # [N, W, K], .. U]
         probs = torch.nn.functional.pad(q, (0, V - q.shape[-1]))  # [N, W, K, V]
         if copy:
             copied = (previous[:, None] + torch.arange(1, depth + 1)) % V  # [N, K]
