@@ -12,7 +12,7 @@ gives the row's verdict (core/verdicts.py) as the eager rule gives it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -87,7 +87,9 @@ def decide_chains(
     chains = (draft_ids[:, None], lengths[:, None], draft_one_hot[:, None], target_probs[:, None])
     verdict = verify_chains(*chains, uniforms)
     if coupled is not None:
-        verdict = _with_coupled(verdict, verify_coupled(*chains, coupled.noise), coupled.rows)
+        decided = verify_coupled(*chains, coupled.noise)
+        assert decided.noise is not None
+        verdict = _with_coupled(verdict, replace(decided, uniforms=decided.noise, noise=None), coupled.rows)
     accepted, next_ids = verdict.num_accepted, verdict.next_token_ids  # [R], [R]
     verified = real[:, None] & (torch.arange(num_columns, device=ids.device) <= lengths[:, None])  # [R, n]
     rule = _rule_columns(verdict, logits, draft_one_hot, verified)  # [R, HEAD_COLUMNS + 4K]
@@ -128,13 +130,15 @@ def _rule_columns(
 
 
 def _with_coupled(standard: CandidateVerdict, coupled: CandidateVerdict, rows: torch.Tensor) -> CandidateVerdict:
-    """The standard rule's verdict with the coupled rule's in the coupled rows (rows [R] bool), and its choices."""
+    """The standard rule's verdict with the coupled rule's in the coupled rows (rows [R] bool), and its choices; the
+    trace's draw column holds each row's test draws (the uniforms, or the coupled rule's noise G(d))."""
 
     def pick(name: str) -> torch.Tensor:
         own = getattr(coupled, name)
         return torch.where(rows.view(-1, *[1] * (own.dim() - 1)), own, getattr(standard, name))
 
-    picked = {field.name: pick(field.name) for field in fields(CandidateVerdict) if field.name != "choices"}
+    own = [field.name for field in fields(CandidateVerdict) if field.name not in ("choices", "noise")]
+    picked = {name: pick(name) for name in own}
     return CandidateVerdict(**picked, choices=coupled.choices)
 
 
@@ -249,7 +253,7 @@ def _trace(packed: np.ndarray, ask: RoundAsk, num_accepted: int) -> list[Candida
                 target_probs=column[0],
                 draft_probs=column[1],
                 acceptance_probs=column[2],
-                uniforms=column[3],
+                **ask.rule.traced_draws(column[3]),
                 tested=[j <= num_accepted for j in range(length)],
                 accepted=[j < num_accepted for j in range(length)],
                 source=ask.sources[0] if ask.sources else "",

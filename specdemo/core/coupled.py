@@ -159,7 +159,8 @@ def verify_coupled(
         target_draft_probs=target_draft,
         draft_draft_probs=draft_draft,
         acceptance_probs=accepted.double(),  # the test is decided by the noise: 1 accepted, 0 not
-        uniforms=noise[:, :num_draft].gather(-1, draft_token_ids.clamp(min=0).transpose(1, 2)).transpose(1, 2),
+        uniforms=torch.zeros_like(target_draft),  # no draws: the noise decides
+        noise=noise[:, :num_draft].gather(-1, draft_token_ids.clamp(min=0).transpose(1, 2)).transpose(1, 2),
         path=path,
         num_accepted=num_accepted,
         next_token_ids=next_ids,

@@ -144,10 +144,10 @@ def _trace(verdict: CandidateVerdict, b: int, ask: RoundAsk) -> tuple[CandidateT
             target_probs=column(verdict.target_draft_probs, w, len(tokens)),
             draft_probs=column(verdict.draft_draft_probs, w, len(tokens)),
             acceptance_probs=column(verdict.acceptance_probs, w, len(tokens)),
-            uniforms=column(verdict.uniforms, w, len(tokens)),
             tested=column(verdict.tested, w, len(tokens)),
             accepted=column(verdict.accepted, w, len(tokens)),
             source=ask.sources[w] if ask.sources else "",
+            **ask.rule.traced_draws(column(ask.rule.test_draws(verdict), w, len(tokens))),
         )
         for w, tokens in enumerate(ask.candidates)
     )

@@ -3,7 +3,7 @@ that the engine yields and the statistics, the page, the trace and the command l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from specdemo.core.inspection import PositionView
@@ -24,6 +24,8 @@ class CandidateTrace:
     tested: list[bool]
     accepted: list[bool]
     source: str = ""  # which drafter proposed it, where several did (the hybrid's "copy" or "head")
+    noise: list[float] = field(default_factory=list)  # under the coupled rule, the noise G(d) of each token, which
+    # decided its test (`uniforms` is then empty)
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,9 @@ class Round:
     cut: Cut | None = None  # the draft cut for a pass shared with other rows
     views: tuple[PositionView, ...] = ()  # p, q and the residual at each tested position of the path (the inspector)
     coupled: tuple[CoupledChoice, ...] = ()  # the coupled rule's choice at each tested position of the path; () for
-    # the standard rule. Its test's draw (`uniforms`) is then the noise G(d) of each drafted token
+    # the standard rule
+    noise: list[float] = field(default_factory=list)  # under the coupled rule, the noise G(d_i) that decided each
+    # test (`uniforms` is then empty)
 
     @property
     def emitted_token_ids(self) -> list[int]:

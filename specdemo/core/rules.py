@@ -69,6 +69,14 @@ class StandardRule:
     ) -> CandidateVerdict:
         return self.verify(ids, lengths, draft_probs, target_probs, uniforms)
 
+    def test_draws(self, verdict: CandidateVerdict) -> torch.Tensor:  # [B, W, K] float64
+        """What decided each test: its uniform draw."""
+        return verdict.uniforms
+
+    def traced_draws(self, draws: list[float]) -> dict[str, list[float]]:
+        """A candidate's test draws as its trace names them (CandidateTrace.uniforms)."""
+        return {"uniforms": draws, "noise": []}
+
     def trace(self, *_: object) -> tuple[CoupledChoice, ...]:
         """The standard rule's tests are shown by their draws alone: no choices."""
         return ()
@@ -111,6 +119,15 @@ class CoupledRule:
     ) -> CandidateVerdict:
         assert noise is not None, "the coupled rule decides with its noise"
         return verify_coupled(ids, lengths, draft_probs, target_probs, noise)
+
+    def test_draws(self, verdict: CandidateVerdict) -> torch.Tensor:  # [B, W, K] float64
+        """What decided each test: the noise G(d) of its token."""
+        assert verdict.noise is not None, "the coupled rule's verdict names its noise"
+        return verdict.noise
+
+    def traced_draws(self, draws: list[float]) -> dict[str, list[float]]:
+        """A candidate's tests' noise as its trace names it (CandidateTrace.noise); it draws no uniforms."""
+        return {"uniforms": [], "noise": draws}
 
     def trace(
         self,

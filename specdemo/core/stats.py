@@ -133,6 +133,7 @@ def round_record(round_: Round) -> dict:
         "draft_probs": round_.draft_probs,
         "acceptance_probs": round_.acceptance_probs,
         "uniforms": round_.uniforms,
+        "noise": round_.noise,  # the coupled rule's G(d) of each test, where it decided them
         "num_input_tokens": round_.num_input_tokens,
         "draft_seconds": round_.draft_seconds,
         "verify_seconds": round_.verify_seconds,

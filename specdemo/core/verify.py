@@ -82,13 +82,16 @@ class CandidateVerdict:
     # test: p(d) for the first test at a node, norm(max(0, p - q...))(d) after rejections; p(d) when untested
     draft_draft_probs: torch.Tensor  # [B, W, K] float64 q(d), the probability the token was drafted with
     acceptance_probs: torch.Tensor  # [B, W, K] float64 min(1, target / draft)
-    uniforms: torch.Tensor  # [B, W, K] float64 the draw of each test: accepted when u * q < p
+    uniforms: torch.Tensor  # [B, W, K] float64 the draw of each test: accepted when u * q < p (zeros where the rule
+    # draws none)
     path: torch.Tensor  # [B] int64 the candidate whose prefix was accepted (0 when none was)
     num_accepted: torch.Tensor  # [B] int64 accepted tokens along the path
     next_token_ids: torch.Tensor  # [B] int64 the resampled or bonus token
     next_token_probs: torch.Tensor  # [B] float32 p(next token) at its node, before any rejection there
     choices: torch.Tensor | None = None  # [B, K+1] the coupled rule's y along the path (core/coupled.py); None for
-    # this rule. Under the coupled rule `uniforms` holds the noise G(d) of each drafted token, the test's draw
+    # this rule
+    noise: torch.Tensor | None = None  # [B, W, K] float64 the coupled rule's noise G(d) of each drafted token, which
+    # decided its test; None for this rule
 
 
 Verify = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], CandidateVerdict]

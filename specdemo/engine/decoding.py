@@ -355,6 +355,7 @@ class BatchDecoder:
             cut=cut,
             views=decided.views,
             coupled=decided.choices,
+            noise=chosen.noise,
             **timings,
         )
         row.hidden_state = decided.hidden_state

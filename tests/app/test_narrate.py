@@ -89,9 +89,10 @@ def test_a_coupled_rejection_names_the_targets_choice_and_its_noise_not_u_or_the
     """The coupled rule: ' the' is the target's choice at position 1 (accepted); at position 2 the target's choice is
     ' ran' (log p + G = 1.08, the largest there), the draft's ' sat' scores -0.86, so ' ran' is emitted."""
     round_ = replace(
-        make_round(0, [1, 3, 4], 1, "resampled", 0.1),  # uniforms hold the noise G of each draft under this rule
+        make_round(0, [1, 3, 4], 1, "resampled", 0.1),
         acceptance_probs=[1.0, 0.0, 0.0],
-        uniforms=[4.19, 3.25, 2.2],
+        uniforms=[],
+        noise=[4.19, 3.25, 2.2],
         next_token_id=7,
         coupled=(
             CoupledChoice(1, -0.31, 4.19, 1, -0.31, 4.19, 0.48, 0.42, 0.42),

@@ -196,7 +196,7 @@ def test_the_headline_leads_with_the_speedup_tokens_per_pass_and_alpha():
 
 
 def coupled_rounds(target, draft, num_candidates: int) -> list:
-    """A coupled run of the engine on the tiny models: its rounds carry Round.coupled, and its uniforms the noise G."""
+    """A coupled run of the engine on the tiny models: its rounds carry Round.coupled, and its noise G."""
     sampling = SamplingConfig(temperature=1.0, rule="coupled", seed=3)
     spec = SpeculativeConfig(num_draft_tokens=4, num_candidates=num_candidates, max_new_tokens=16)
     drafter = tiny_drafter("model", draft, None)

@@ -268,14 +268,14 @@ class _Node:
 def _candidate_tree(round_: Round, decode: Decode, emitted: list[int]) -> dict[int, _Node]:
     """The round's candidates as a prefix tree. A shared token shows the test it met: the first candidate that tested
     it (the rule tries a token once; a later candidate with the same token waits on that test). Under the coupled rule
-    a candidate's `uniforms` hold the noise G of each of its tokens."""
+    a candidate's `noise` holds the G that decided each of its tokens' tests."""
     roots: dict[int, _Node] = {}
     coupled = bool(round_.coupled)
     for w, candidate in enumerate(round_.candidates):
         level, context = roots, list(emitted)
         for j, token in enumerate(candidate.token_ids):
             tested = candidate.tested[j]
-            noise = candidate.uniforms[j]
+            draw = candidate.noise[j] if coupled else candidate.uniforms[j]  # what decided the test
             span = TokenSpan(
                 text=token_text(decode, context, token),
                 kind="accepted" if candidate.accepted[j] else "rejected",
@@ -284,13 +284,11 @@ def _candidate_tree(round_: Round, decode: Decode, emitted: list[int]) -> dict[i
                 target_prob=candidate.target_probs[j],
                 draft_prob=candidate.draft_probs[j],
                 acceptance_prob=None if coupled else candidate.acceptance_probs[j],
-                uniform=noise if tested and not coupled else None,
+                uniform=draw if tested and not coupled else None,
                 plan=plan_text(round_),
                 source=candidate.source,
                 **(
-                    _coupled_test(
-                        round_.coupled[j], noise, log_score(candidate.target_probs[j], noise), decode, context
-                    )
+                    _coupled_test(round_.coupled[j], draw, log_score(candidate.target_probs[j], draw), decode, context)
                     if coupled and tested
                     else {}
                 ),

@@ -60,10 +60,10 @@ def _view_record(round_: Round, position: int, decode: Decode, context: list[int
 
 
 def _candidate_record(candidate: CandidateTrace, position: int, coupled: bool) -> dict:
-    """One candidate's test at `position`: its p, q, min(1, p/q) and u; under the `coupled` rule (where `uniforms` hold
-    the noise G) its G and log p + G, accepted when it is the target's choice."""
+    """One candidate's test at `position`: its p, q, min(1, p/q) and u; under the `coupled` rule its noise G and
+    log p + G, accepted when it is the target's choice."""
     if coupled:
-        noise = candidate.uniforms[position]
+        noise = candidate.noise[position]
         score = log_score(candidate.target_probs[position], noise)
         return {"noise": noise, "score": score, "accepted": candidate.accepted[position]}
     return {
