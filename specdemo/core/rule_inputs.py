@@ -66,8 +66,7 @@ class RuleBatch:
 
     def verdict(self) -> CandidateVerdict:
         """The rule's verdict on every row, each row's next token named in the whole vocabulary."""
-        ids, lengths, draft, target = self.draft_token_ids, self.draft_lengths, self.draft_probs, self.target_probs
-        verdict = self.rule.decide(ids, lengths, draft, target, self.uniforms, self.noise)
+        verdict = self.rule.decide(self)
         if not self.vocabs.shape[1]:
             return verdict
         local = verdict.next_token_ids  # [B] indices into each row's V'

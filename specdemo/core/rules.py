@@ -10,6 +10,7 @@ own is `captured`: the GPU's round program (core/chain_round.py) runs it on the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from specdemo.core.fixed_rule import row_round_uniforms
 from specdemo.core.match_chance import path_choices
 from specdemo.core.rounds import CoupledChoice
 from specdemo.core.verify import CandidateVerdict, Verify, verify_rows
+
+if TYPE_CHECKING:  # rule_inputs.py names the rule its rows are decided by
+    from specdemo.core.rule_inputs import RuleBatch
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,11 @@ class StandardRule:
         draws = row_round_uniforms(ask.seed, ask.draws, ask.depth * len(ask.candidates))
         return torch.from_numpy(draws).to(ask.device), None
 
-    def decide(
-        self,
-        ids: torch.Tensor,  # [B, W, K] int64
-        lengths: torch.Tensor,  # [B, W] int64
-        draft_probs: torch.Tensor,  # [B, W, K, V]
-        target_probs: torch.Tensor,  # [B, W, K+1, V]
-        uniforms: torch.Tensor,  # [B, K*W + 1] float64
-        noise: torch.Tensor | None,  # [B, K+1, V] float64
-    ) -> CandidateVerdict:
-        return self.verify(ids, lengths, draft_probs, target_probs, uniforms)
+    def decide(self, batch: RuleBatch) -> CandidateVerdict:
+        """The verdict on rows padded to one shape, by their draws."""
+        return self.verify(
+            batch.draft_token_ids, batch.draft_lengths, batch.draft_probs, batch.target_probs, batch.uniforms
+        )
 
     def test_draws(self, verdict: CandidateVerdict) -> torch.Tensor:  # [B, W, K] float64
         """What decided each test: its uniform draw."""
@@ -108,17 +107,12 @@ class CoupledRule:
         uniforms = torch.zeros(ask.depth * len(ask.candidates) + 1, dtype=torch.float64, device=ask.device)
         return uniforms, noise
 
-    def decide(
-        self,
-        ids: torch.Tensor,  # [B, W, K] int64
-        lengths: torch.Tensor,  # [B, W] int64
-        draft_probs: torch.Tensor,  # [B, W, K, V]
-        target_probs: torch.Tensor,  # [B, W, K+1, V]
-        uniforms: torch.Tensor,  # [B, K*W + 1] float64
-        noise: torch.Tensor | None,  # [B, K+1, V] float64
-    ) -> CandidateVerdict:
-        assert noise is not None, "the coupled rule decides with its noise"
-        return verify_coupled(ids, lengths, draft_probs, target_probs, noise)
+    def decide(self, batch: RuleBatch) -> CandidateVerdict:
+        """The verdict on rows padded to one shape, by their noise."""
+        assert batch.noise is not None, "the coupled rule decides with its noise"
+        return verify_coupled(
+            batch.draft_token_ids, batch.draft_lengths, batch.draft_probs, batch.target_probs, batch.noise
+        )
 
     def test_draws(self, verdict: CandidateVerdict) -> torch.Tensor:  # [B, W, K] float64
         """What decided each test: the noise G(d) of its token."""
