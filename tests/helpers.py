@@ -17,7 +17,6 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-import specdemo.audit.model
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts
 from specdemo.core.rounds import Round
@@ -187,26 +186,22 @@ def wait_until(done: Callable[[], bool], what: str, seconds: float = HANG_GUARD_
 
 
 class WatchedRun:
-    """One run in the engine, as a RoundCounter sees it: a scheduler's RowStream (stopped by its stop event or by
-    closing its rounds: Stop, a closed tab, a dropped client, the deadline) or one side of a model audit (stopped by
-    its should_stop event). `told_to_stop` is set just after the signal, so a step counted in `steps_after_stop`
-    began after the engine could have seen it."""
+    """One run in the engine, as a RoundCounter sees it: a scheduler's RowStream (a run's rows, or one side of a model
+    audit's), stopped by its stop event or by closing its rounds: Stop, a closed tab, a dropped client, the deadline.
+    `told_to_stop` is set just after the signal, so a step counted in `steps_after_stop` began after the engine could
+    have seen it."""
 
-    def __init__(self, decoder: BatchDecoder, stream: RowStream | None = None) -> None:
+    def __init__(self, decoder: BatchDecoder, stream: RowStream) -> None:
         self.decoder, self.stream = decoder, stream
         self.told_to_stop = False
         self.told_while_decoding = False  # the signal came before the run's rows had left the engine
         self.steps_after_stop = 0  # steps begun with the run's rows in the batch after it was told to stop
-        self.exited = False  # the audit's drawing returned or raised
 
     def rows(self) -> set:
-        keys = set(self.stream.keys) if self.stream else set(self.decoder.rows)
-        return keys & set(self.decoder.rows)
+        return set(self.stream.keys) & set(self.decoder.rows)
 
     def left(self) -> bool:
         """None of the run's rows is decoding or waiting for a place."""
-        if self.stream is None:
-            return self.exited
         return not any(key in self.stream.scheduler.streams for key in self.stream.keys)
 
     def tell_to_stop(self) -> None:
@@ -252,7 +247,7 @@ class RoundCounter:
 def count_rounds(monkeypatch, which: Callable[[BatchDecoder], bool] = lambda decoder: True) -> RoundCounter:
     """A RoundCounter of the decoders `which` picks, from now on."""
     counter = RoundCounter(which)
-    step, init, cancel, draw = BatchDecoder.step, RowStream.__init__, Scheduler.cancel, specdemo.audit.model._draw
+    step, init, cancel = BatchDecoder.step, RowStream.__init__, Scheduler.cancel
 
     def counting_step(decoder):
         if isinstance(decoder.drafter, _RandomDrafter):
@@ -275,28 +270,14 @@ def count_rounds(monkeypatch, which: Callable[[BatchDecoder], bool] = lambda dec
     def cancelling(scheduler, key):
         cancel(scheduler, key)  # closing a stream's rounds (Stop, the deadline) cancels its rows
         with counter.lock:
-            runs = [run for run in counter.runs if run.stream and run.stream.scheduler is scheduler]
+            runs = [run for run in counter.runs if run.stream.scheduler is scheduler]
         for run in runs:
             if key in run.stream.keys:
                 run.tell_to_stop()
 
-    def watching_draw(decoder, prompt_ids, sampling, speculative, seeds, num_tokens, report, should_stop, lock):
-        run = WatchedRun(decoder)
-        closed_over = [cell.cell_contents for cell in getattr(should_stop, "__closure__", None) or ()]
-        stop = getattr(should_stop, "__self__", None) or next(
-            (value for value in closed_over if isinstance(value, threading.Event)), None
-        )
-        assert isinstance(stop, threading.Event), "the audit is stopped by an event's is_set (and maybe its deadline)"
-        counter.add(run, stop)
-        try:
-            return draw(decoder, prompt_ids, sampling, speculative, seeds, num_tokens, report, should_stop, lock)
-        finally:
-            run.exited = True
-
     monkeypatch.setattr(BatchDecoder, "step", counting_step)
     monkeypatch.setattr(RowStream, "__init__", watching_init)
     monkeypatch.setattr(Scheduler, "cancel", cancelling)
-    monkeypatch.setattr(specdemo.audit.model, "_draw", watching_draw)
     return counter
 
 

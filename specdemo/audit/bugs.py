@@ -74,6 +74,8 @@ def _redrafter_released(rule: Verify, ids, lengths, draft_probs, target_probs, u
     j*W + w), then the longest accepted beam kept: after rejecting one beam, the next is not tested against what
     remains of p, so tokens both beams reach are over-sampled."""
     num_rows, num_candidates, depth = ids.shape
+    drafted = (lengths > 0)[..., None, None]  # [B, W, 1, 1]: a padding candidate (a row with fewer) has p = 0, so
+    target_probs = torch.where(drafted, target_probs, target_probs[:, :1])  # its chain reads the first one's p
     chains = [
         rule(
             ids[:, w : w + 1],

@@ -4,9 +4,10 @@ planted in the noise, and each seed's speculative text must also be the target a
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Generator, Sequence
+from contextlib import AbstractContextManager, closing, nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -22,9 +23,10 @@ from specdemo.audit.statistics import (
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rules import Rule
 from specdemo.drafters.base import Drafter, NoDrafter
-from specdemo.engine.decoding import BatchDecoder
+from specdemo.engine.scheduler import DecodeRequest, Scheduler
 
 MODEL_BATCH_ROWS = 64  # samples decoded together; rows of one prompt read it once (TreeCachedModel)
+ROUND_INTERVAL_SECONDS = 0.5 / MODEL_BATCH_ROWS  # a full batch's rounds arrive at most every half second
 
 
 @dataclass(frozen=True)
@@ -53,28 +55,74 @@ def model_audit(
     num_samples: int,
     bug: str = "none",
     on_progress: Callable[[float], None] = lambda done: None,  # the share of samples drawn
-    should_stop: Callable[[], bool] = lambda: False,  # checked every round: InterruptedError when it says so
+    should_stop: Callable[[], bool] = lambda: False,  # asked as rounds arrive: InterruptedError when it says so
     lock: AbstractContextManager | None = None,  # held for each round's passes
 ) -> ModelAudit:
+    """audit_draws drawn to its end: `on_progress` gets the share of samples drawn as rounds arrive."""
+    steps = until_stopped(
+        audit_draws(
+            target, drafter, eos_token_ids, prompt_ids, sampling, speculative, num_tokens, num_samples, bug, lock
+        ),
+        should_stop,
+    )
+    while True:
+        try:
+            on_progress(next(steps))
+        except StopIteration as done:
+            return done.value
+
+
+def until_stopped(
+    steps: Generator[float, None, ModelAudit], should_stop: Callable[[], bool]
+) -> Generator[float, None, ModelAudit]:
+    """The audit's steps until `should_stop` says so (asked at each), then InterruptedError; its rows leave then, or
+    when this generator is closed, at their next round."""
+    with closing(steps):
+        while True:
+            try:
+                share = next(steps)
+            except StopIteration as done:
+                return done.value
+            if should_stop():
+                raise InterruptedError("The audit was stopped before it drew all its samples.")
+            yield share
+
+
+def audit_draws(
+    target: torch.nn.Module,
+    drafter: Drafter,
+    eos_token_ids: frozenset[int],
+    prompt_ids: Sequence[int],
+    sampling: SamplingConfig,
+    speculative: SpeculativeConfig,  # K, W and the draft's temperature
+    num_tokens: int,  # drawn per sample
+    num_samples: int,
+    bug: str = "none",
+    lock: AbstractContextManager | None = None,  # held for each round's passes
+) -> Generator[float, None, ModelAudit]:
     """The prompt's first `num_tokens` tokens, drawn num_samples times speculatively (the bug planted in the rule)
-    and num_samples times with the target alone, as rows of batches with seeds sampling.seed + i; the two samples'
-    sequences compared with a two-sample chi-square test, and their TV with the noise band. A row may emit K more
-    tokens than it keeps, so that its first rounds draft all K. Under the coupled rule (sampling.is_coupled) the bug
-    is planted in the noise (bugs.planted_rule), the target alone samples by the standard rule (code sharing no noise
-    with the rule audited), and a third side, the target alone under the same noise with the speculative side's seeds,
-    must write each seed's very text."""
+    and num_samples times with the target alone, with seeds sampling.seed + i; the two samples' sequences compared
+    with a two-sample chi-square test, and their TV with the noise band. Each side's rows are decoded by a Scheduler
+    of its own (engine/scheduler.py), as runs are, MODEL_BATCH_ROWS at a time, each round holding `lock`; this yields
+    the share of samples drawn as rounds arrive and returns the audit. A row may emit K more tokens than it keeps, so
+    that its first rounds draft all K. Under the coupled rule (sampling.is_coupled) the bug is planted in the noise
+    (bugs.planted_rule), the target alone samples by the standard rule (code sharing no noise with the rule audited),
+    and a third side, the target alone under the same noise with the speculative side's seeds, must write each seed's
+    very text."""
     assert not sampling.is_greedy, "greedy decoding has nothing to sample"
     speculative = replace(speculative, max_new_tokens=num_tokens + speculative.num_draft_tokens)
-    sides = _sides(target, drafter, eos_token_ids, sampling, bug)
+    sides = _sides(target, drafter, eos_token_ids, sampling, bug, lock or nullcontext())
     texts: list[list[tuple[int, ...]]] = []
-    for side, (decoder, side_sampling, seed_block) in enumerate(sides):
+    for side, (scheduler, side_sampling, seed_block) in enumerate(sides):
         seeds = [sampling.seed + seed_block * num_samples + i for i in range(num_samples)]
-
-        def report(finished: int, side: int = side) -> None:
-            on_progress((side * num_samples + finished) / (len(sides) * num_samples))
-
-        drawn = _draw(decoder, prompt_ids, side_sampling, speculative, seeds, num_tokens, report, should_stop, lock)
-        texts.append(drawn)
+        drawn = _drawn(scheduler, prompt_ids, side_sampling, speculative, seeds, num_tokens)
+        while True:
+            try:
+                finished = next(drawn)
+            except StopIteration as done:
+                texts.append(done.value)
+                break
+            yield (side * num_samples + finished) / (len(sides) * num_samples)
     audit = _compare([Counter(texts[0]), Counter(texts[1])], num_samples, num_tokens)
     if len(texts) == 2:
         return audit
@@ -88,57 +136,61 @@ def model_audit(
 
 
 def _sides(
-    target: torch.nn.Module, drafter: Drafter, eos_token_ids: frozenset[int], sampling: SamplingConfig, bug: str
-) -> list[tuple[BatchDecoder, SamplingConfig, int]]:
-    """Each side's decoder, settings and block of seeds (block b: seeds sampling.seed + b * num_samples + i): the
+    target: torch.nn.Module,
+    drafter: Drafter,
+    eos_token_ids: frozenset[int],
+    sampling: SamplingConfig,
+    bug: str,
+    lock: AbstractContextManager,
+) -> list[tuple[Scheduler, SamplingConfig, int]]:
+    """Each side's scheduler, settings and block of seeds (block b: seeds sampling.seed + b * num_samples + i): the
     speculative side with the bug planted, the target alone on other seeds, and under the coupled rule the target
-    alone under the same noise on the speculative side's seeds."""
+    alone under the same noise on the speculative side's seeds. No side cuts its drafts for a shared pass, so every
+    round drafts what the drafter offers."""
 
-    def decoder(drafter_used: Drafter, planted: Rule | None = None) -> BatchDecoder:
-        return BatchDecoder(target, drafter_used, eos_token_ids, rule=planted)  # type: ignore[arg-type]
+    def scheduler(drafter_used: Drafter, planted: Rule | None = None) -> Scheduler:
+        return Scheduler(
+            target,  # type: ignore[arg-type]
+            drafter_used,
+            eos_token_ids,
+            lock,
+            MODEL_BATCH_ROWS,
+            rule=planted,
+            cut_drafts=False,
+        )
 
     planted = planted_rule(sampling.rule if sampling.is_coupled else "standard", bug)
     if not sampling.is_coupled:
-        return [(decoder(drafter, planted), sampling, 0), (decoder(NoDrafter()), sampling, 1)]
+        return [(scheduler(drafter, planted), sampling, 0), (scheduler(NoDrafter()), sampling, 1)]
     return [
-        (decoder(drafter, planted), sampling, 0),
-        (decoder(NoDrafter()), replace(sampling, rule="standard"), 1),  # exact by code that shares no noise with it
-        (decoder(NoDrafter(), planted), sampling, 0),  # the same noise and seeds: each seed's very text
+        (scheduler(drafter, planted), sampling, 0),
+        (scheduler(NoDrafter()), replace(sampling, rule="standard"), 1),  # exact by code that shares no noise with it
+        (scheduler(NoDrafter(), planted), sampling, 0),  # the same noise and seeds: each seed's very text
     ]
 
 
-def _draw(
-    decoder: BatchDecoder,
+def _drawn(
+    scheduler: Scheduler,
     prompt_ids: Sequence[int],
     sampling: SamplingConfig,
     speculative: SpeculativeConfig,
     seeds: list[int],
     num_tokens: int,
-    report: Callable[[int], None],
-    should_stop: Callable[[], bool],
-    lock: AbstractContextManager | None,
-) -> list[tuple[int, ...]]:
-    """One side's samples: each seed's first `num_tokens` tokens, MODEL_BATCH_ROWS rows at a time."""
+) -> Generator[int, None, list[tuple[int, ...]]]:
+    """One side's samples: each seed's first `num_tokens` tokens (a row leaves once it has them); yields how many
+    seeds have them as rounds arrive. Closed early, its rows leave at their next round."""
+    eos_token_ids = scheduler.decoder.eos_token_ids
+    requests = [DecodeRequest(list(prompt_ids), replace(sampling, seed=seed), speculative) for seed in seeds]
+    stream = scheduler.submit(requests, deadline=math.inf)
     tokens: list[list[int]] = [[] for _ in seeds]
-    waiting, finished = list(range(len(seeds))), 0
-    while waiting or decoder.rows:
-        while waiting and len(decoder.rows) < MODEL_BATCH_ROWS:
-            index = waiting.pop(0)
-            decoder.add(index, list(prompt_ids), replace(sampling, seed=seeds[index]), speculative)
-        if should_stop():
-            raise InterruptedError("The audit was stopped before it drew all its samples.")
-        with lock or nullcontext():
-            outcomes = decoder.step()
-        for index, outcome in outcomes:
-            if isinstance(outcome, Exception):
-                raise outcome
-            tokens[index] += outcome.emitted_token_ids
-            done = len(tokens[index]) >= num_tokens or tokens[index][-1] in decoder.eos_token_ids
-            if index in decoder.rows and done:
-                decoder.remove(index)  # it has what the audit keeps
-            if index not in decoder.rows:
-                finished += 1
-                report(finished)
+    finished: set[int] = set()
+    for batch in stream.batches(ROUND_INTERVAL_SECONDS):
+        for index, round_ in batch:
+            tokens[index] += round_.emitted_token_ids
+            if index not in finished and (len(tokens[index]) >= num_tokens or tokens[index][-1] in eos_token_ids):
+                finished.add(index)
+                scheduler.cancel(stream.keys[index])  # it has what the audit keeps
+        yield len(finished)
     return [tuple(t[:num_tokens]) for t in tokens]
 
 

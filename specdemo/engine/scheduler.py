@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rounds import Round
+from specdemo.core.rules import Rule
 from specdemo.drafters.base import Drafter
 from specdemo.drafters.registry import NGRAM, is_model_free
 from specdemo.engine.costs import batch_costs, shared_costs
@@ -128,9 +129,11 @@ class Scheduler:
         models_lock: AbstractContextManager[object],
         max_rows: int = MAX_BATCH_ROWS,
         on_idle: Callable[[Scheduler], None] = lambda scheduler: None,
+        rule: Rule | None = None,  # a rule in place of the engine's own of its name (an audit's planted bug)
+        cut_drafts: bool = True,  # with the target's measured round costs, drafts are cut when a shared pass pays
     ) -> None:
-        # with the target's measured round costs, drafts are cut when a shared pass pays for it
-        self.decoder = BatchDecoder(target, drafter, eos_token_ids, costs=shared_costs(target))
+        costs = shared_costs(target) if cut_drafts else None
+        self.decoder = BatchDecoder(target, drafter, eos_token_ids, costs=costs, rule=rule)
         self.models_lock, self.max_rows, self.on_idle = models_lock, max_rows, on_idle
         self.condition = fork_safe(threading.Condition())
         self.waiting: list[tuple[Hashable, DecodeRequest]] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import gradio as gr
@@ -128,8 +129,8 @@ def test_stop_ends_a_model_audit_at_the_next_round_and_the_app_keeps_serving(cli
     wait_for_rounds(counter, 3 * MODEL_BATCH_ROWS)
     job.cancel()
     assert_stopped_runs_leave_at_the_next_round(counter)
-    audit_threads = [t for t in threading.enumerate() if t.name == "specdemo-audit"]
-    wait_until(lambda: not any(t.is_alive() for t in audit_threads), "the audit's thread ending")
+    audit_threads = [t for t in threading.enumerate() if t.name == "specdemo-scheduler"]  # its rows' schedulers
+    wait_until(lambda: not any(t.is_alive() for t in audit_threads), "the audit's schedulers ending")
     verdict, *_ = client.predict(num_samples=10_000, api_name="/audit")
     assert verdict.startswith("**Lossless")
 
@@ -138,11 +139,12 @@ def test_a_failing_model_audit_is_one_sentence_and_the_next_model_audit_runs(cli
     """The audit fails holding the models' lock, as a failing pass would: this user reads one sentence, and the next
     model audit draws all its samples (planted: `failed` that yields its sentence without raising it)."""
 
-    def failing(**settings: object) -> None:
-        with settings["lock"]:
+    def failing(**settings: object) -> Iterator[float]:
+        with settings["lock"]:  # type: ignore[attr-defined]
             raise RuntimeError("planted failure")
+        yield 0.0  # a generator, as the audit's draws are
 
-    monkeypatch.setattr(serving_audit, "model_audit", failing)
+    monkeypatch.setattr(serving_audit, "audit_draws", failing)
     with pytest.raises(AppError) as caught:
         client.predict(mode="model", num_samples=100, num_tokens=1, api_name="/audit")
     message = str(caught.value)
@@ -154,26 +156,38 @@ def test_a_failing_model_audit_is_one_sentence_and_the_next_model_audit_runs(cli
     assert sum(json.loads(Path(download["value"]).read_text())["speculative"]) == 100
 
 
-def test_the_audit_worker_sends_progress_while_the_audit_draws_then_hands_back_its_outcome():
-    """`drawing` runs the audit in its worker and yields its share drawn until it ends, then returns its result or
-    raises its error (planted: a worker that swallows the audit's error)."""
-    released = threading.Event()
+def test_drawing_sends_each_share_returns_the_audit_and_closes_its_steps_when_closed():
+    """`drawing` sends the page each share of samples the audit's steps yield, returns what they return, raises what
+    they raise, and, closed early (Stop, a closed tab), closes them, so the audit's rows leave their schedulers
+    (planted: steps left open)."""
 
-    def audit(on_progress) -> str:
-        on_progress(0.5)
-        assert released.wait(60), "hang guard: the test never released the audit"
+    def steps() -> Generator[float, None, str]:
+        yield 0.5
         return "drawn"
 
-    steps = drawing(audit, gr.Progress())
-    wait_until(lambda: next(steps)[0] == "Drawing samples: 50%", "the audit's progress reaching the page")
-    released.set()
+    shown = drawing(steps(), gr.Progress())  # type: ignore[arg-type]
+    assert next(shown)[0] == "Drawing samples: 50%"
     with pytest.raises(StopIteration) as ended:
-        while True:
-            next(steps)
+        next(shown)
     assert ended.value.value == "drawn"
+    closed: list[bool] = []
 
-    def stopped(on_progress) -> str:
+    def endless() -> Generator[float, None, str]:
+        try:
+            while True:
+                yield 0.25
+        finally:
+            closed.append(True)
+
+    held = endless()  # held here, so only drawing can close it
+    shown = drawing(held, gr.Progress())  # type: ignore[arg-type]
+    next(shown)
+    shown.close()
+    assert closed == [True]
+
+    def stopped() -> Generator[float, None, str]:
         raise InterruptedError("stopped at its next round")
+        yield 0.0
 
     with pytest.raises(InterruptedError):
-        list(drawing(stopped, gr.Progress()))
+        list(drawing(stopped(), gr.Progress()))  # type: ignore[arg-type]

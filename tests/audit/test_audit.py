@@ -26,6 +26,7 @@ from specdemo.audit import (
 from specdemo.audit.statistics import MIN_P_VALUE
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.coupled import NoiseAsk, coupled_choice, gumbel_noise, position_noise
+from specdemo.core.rules import StandardRule
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import rejection_sample
 from specdemo.drafters import ModelDrafter, NoDrafter
@@ -208,8 +209,8 @@ def test_with_recurrent_beams_the_model_audit_passes_the_rule_and_fails_redrafte
 
 def test_redrafters_rule_gives_the_targets_greedy_text_with_recurrent_beams(tiny_target, tiny_trained_head):
     spec = SpeculativeConfig(num_draft_tokens=3, max_new_tokens=30, num_candidates=3)
-    decoder = BatchDecoder(tiny_target, RecurrentDrafter(tiny_trained_head, TINY_VOCAB), frozenset([1]),
-                           verifier(REDRAFTER))  # fmt: skip
+    drafter = RecurrentDrafter(tiny_trained_head, TINY_VOCAB)
+    decoder = BatchDecoder(tiny_target, drafter, frozenset([1]), rule=StandardRule(verifier(REDRAFTER)))
     decoder.add(0, [0, 5, 9, 5, 9], SamplingConfig(), spec)
     rounds = [round_ for _ in range(30) if decoder.rows for _, round_ in decoder.step()]
     alone = list(autoregressive_generate(tiny_target, torch.tensor([[0, 5, 9, 5, 9]]), SamplingConfig(), 30,

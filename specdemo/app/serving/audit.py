@@ -8,9 +8,8 @@ import math
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import Future, wait
+from contextlib import closing
 from dataclasses import asdict, dataclass, replace
-from functools import partial
 
 import gradio as gr
 import torch
@@ -22,7 +21,16 @@ from specdemo.app.serving.runs import Server, decode_fn, read_values
 from specdemo.app.serving.zerogpu import MIN_SECONDS, ON_ZEROGPU, budget_seconds, decoding_seconds, ready_pair
 from specdemo.app.views.audit import model_record, model_verdict, sequence_labels, toy_record, toy_verdict
 from specdemo.app.views.plots import model_audit_figure, toy_audit_figure, toy_tv_figure
-from specdemo.audit import MODEL_BATCH_ROWS, RULE_BUGS, TOY_PRESETS, ModelAudit, model_audit, parse_weights, toy_audit
+from specdemo.audit import (
+    MODEL_BATCH_ROWS,
+    RULE_BUGS,
+    TOY_PRESETS,
+    ModelAudit,
+    audit_draws,
+    parse_weights,
+    toy_audit,
+    until_stopped,
+)
 from specdemo.config import (
     MAX_NUM_CANDIDATES,
     RULE_LABELS,
@@ -43,7 +51,6 @@ DEFAULT_SAMPLES = {"toy": 200_000, "model": 1_000}
 MAX_TOY_DRAFT_TOKENS = 8
 MAX_AUDIT_TOKENS = 3
 SEQUENCES_SHOWN = 15  # the most frequent first-token sequences in the model-mode chart
-PROGRESS_INTERVAL_SECONDS = 0.5  # how often a model audit's progress is sent, and its steps return (ZeroGPU: below)
 LOWER_AUDIT = "lower the samples or the first tokens per sample"  # what a model audit can ask for less of
 DEFAULT_PROMPT = "Write one sentence about the sea."
 
@@ -331,9 +338,9 @@ def audit_models(
 def run_model_audit(
     server: Server, request: AuditRequest, progress: gr.Progress, stop: threading.Event
 ) -> Iterator[tuple]:
-    """The model audit, drawn by `drawing`, its progress shown; its rounds hold the models' lock as the schedulers'
-    rounds do, so runs go on between them. `stop` ends it at its next round, and so does the end of its budget (on
-    ZeroGPU), with a sentence; a failure is one sentence, for this user only."""
+    """The model audit, its rows decoded by schedulers as runs' rows are (each round holding the models' lock, so runs
+    go on between them), its progress shown as rounds arrive. `stop` ends it at its next round, and so does the end of
+    its budget (on ZeroGPU), with a sentence; a failure is one sentence, for this user only."""
     assert request.pair is not None and request.sampling is not None
     target, draft, budget = audit_models(server, request, progress)
     deadline = time.monotonic() + budget
@@ -343,8 +350,7 @@ def run_model_audit(
         draft_temperature=request.pair.draft_temperature,
     )
     prompt_ids = prompt_token_ids(target, request.prompt)
-    audit = partial(
-        model_audit,
+    steps = audit_draws(
         target=target.model,
         drafter=make_drafter(request.pair, target, draft),
         eos_token_ids=target.eos_token_ids,
@@ -354,12 +360,13 @@ def run_model_audit(
         num_tokens=request.num_tokens,
         num_samples=request.num_samples,
         bug=request.bug,
-        should_stop=lambda: stop.is_set() or time.monotonic() >= deadline,
         lock=server.models_lock,
     )
     started = time.perf_counter()
     try:
-        result = yield from drawing(audit, progress)
+        result = yield from drawing(
+            until_stopped(steps, lambda: stop.is_set() or time.monotonic() >= deadline), progress
+        )
     except Exception as error:
         if not stop.is_set():  # stopped: the page keeps what it shows
             yield from failed(error, isinstance(error, InterruptedError) and time.monotonic() >= deadline, budget)
@@ -370,24 +377,19 @@ def run_model_audit(
     yield model_update(server, request, result, settings, decode_fn(target), time.perf_counter() - started)
 
 
-def drawing(audit: Callable[..., ModelAudit], progress: gr.Progress) -> Generator[tuple, None, ModelAudit]:
-    """`audit(on_progress=...)` in a worker thread, while this generator sends the share of samples drawn every
-    PROGRESS_INTERVAL_SECONDS (a ZeroGPU worker can close a call's steps only when they yield); returns the audit, or
-    raises what it raised (InterruptedError when its `should_stop` said so, at its next round)."""
-    drawn = {"share": 0.0}  # written by the worker
-    outcome: Future[ModelAudit] = Future()
-
-    def work() -> None:
-        try:
-            outcome.set_result(audit(on_progress=lambda share: drawn.update(share=share)))
-        except Exception as error:  # raised below, in the steps, for this user's page only
-            outcome.set_exception(error)
-
-    threading.Thread(target=work, name="specdemo-audit", daemon=True).start()
-    while not wait([outcome], timeout=PROGRESS_INTERVAL_SECONDS).done:
-        progress(drawn["share"], desc="Drawing samples")
-        yield f"Drawing samples: {drawn['share']:.0%}", gr.skip(), gr.skip(), gr.skip()
-    return outcome.result()
+def drawing(steps: Generator[float, None, ModelAudit], progress: gr.Progress) -> Generator[tuple, None, ModelAudit]:
+    """The audit's steps, its rounds run by its schedulers' threads, the share of samples drawn sent to the page as
+    they arrive (a ZeroGPU worker can close a call's steps only when they yield); returns the audit, or raises what
+    its steps raised (InterruptedError when stopped). Closing this closes the steps: the audit's rows leave at their
+    next round."""
+    with closing(steps):
+        while True:
+            try:
+                share = next(steps)
+            except StopIteration as done:
+                return done.value
+            progress(share, desc="Drawing samples")
+            yield f"Drawing samples: {share:.0%}", gr.skip(), gr.skip(), gr.skip()
 
 
 def failed(error: Exception, ran_out: bool, budget: float) -> Iterator[tuple]:
