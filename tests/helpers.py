@@ -271,8 +271,9 @@ def count_rounds(monkeypatch, which: Callable[[BatchDecoder], bool] = lambda dec
         cancel(scheduler, key)  # closing a stream's rounds (Stop, the deadline) cancels its rows
         with counter.lock:
             runs = [run for run in counter.runs if run.stream.scheduler is scheduler]
-        for run in runs:
-            if key in run.stream.keys:
+        for run in runs:  # told once no row of its stream is left uncancelled (the audit cancels rows it has drawn)
+            keys = run.stream.keys
+            if key in keys and not any(k in scheduler.streams and k not in scheduler.cancelled for k in keys):
                 run.tell_to_stop()
 
     monkeypatch.setattr(BatchDecoder, "step", counting_step)

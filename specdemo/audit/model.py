@@ -5,6 +5,7 @@ planted in the noise, and each seed's speculative text must also be the target a
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from contextlib import AbstractContextManager, closing, nullcontext
@@ -99,6 +100,7 @@ def audit_draws(
     num_samples: int,
     bug: str = "none",
     lock: AbstractContextManager | None = None,  # held for each round's passes
+    stop: threading.Event | None = None,  # set: the audit's rows leave at their next round (its steps then end)
 ) -> Generator[float, None, ModelAudit]:
     """The prompt's first `num_tokens` tokens, drawn num_samples times speculatively (the bug planted in the rule)
     and num_samples times with the target alone, with seeds sampling.seed + i; the two samples' sequences compared
@@ -115,7 +117,7 @@ def audit_draws(
     texts: list[list[tuple[int, ...]]] = []
     for side, (scheduler, side_sampling, seed_block) in enumerate(sides):
         seeds = [sampling.seed + seed_block * num_samples + i for i in range(num_samples)]
-        drawn = _drawn(scheduler, prompt_ids, side_sampling, speculative, seeds, num_tokens)
+        drawn = _drawn(scheduler, prompt_ids, side_sampling, speculative, seeds, num_tokens, stop)
         while True:
             try:
                 finished = next(drawn)
@@ -176,12 +178,13 @@ def _drawn(
     speculative: SpeculativeConfig,
     seeds: list[int],
     num_tokens: int,
+    stop: threading.Event | None,
 ) -> Generator[int, None, list[tuple[int, ...]]]:
     """One side's samples: each seed's first `num_tokens` tokens (a row leaves once it has them); yields how many
     seeds have them as rounds arrive. Closed early, its rows leave at their next round."""
     eos_token_ids = scheduler.decoder.eos_token_ids
     requests = [DecodeRequest(list(prompt_ids), replace(sampling, seed=seed), speculative) for seed in seeds]
-    stream = scheduler.submit(requests, deadline=math.inf)
+    stream = scheduler.submit(requests, deadline=math.inf, stop=stop)
     tokens: list[list[int]] = [[] for _ in seeds]
     finished: set[int] = set()
     for batch in stream.batches(ROUND_INTERVAL_SECONDS):
@@ -191,6 +194,8 @@ def _drawn(
                 finished.add(index)
                 scheduler.cancel(stream.keys[index])  # it has what the audit keeps
         yield len(finished)
+    if stop is not None and stop.is_set():  # the rows left with fewer tokens than the audit keeps
+        raise InterruptedError("The audit was stopped before it drew all its samples.")
     return [tuple(t[:num_tokens]) for t in tokens]
 
 

@@ -361,6 +361,7 @@ def run_model_audit(
         num_samples=request.num_samples,
         bug=request.bug,
         lock=server.models_lock,
+        stop=stop,
     )
     started = time.perf_counter()
     try:
