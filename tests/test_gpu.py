@@ -282,15 +282,16 @@ def test_passes_replay_cuda_graphs_and_give_the_eager_text(subject, monkeypatch)
 
 
 # Each program kind the file runs, as the target's captures name their modes (models/fixed_shape.py: ("pass", hidden
-# layers) or ("round", hidden layers, sampled, penalty, a sampled draft's q)). Top-k and top-p are a row's settings
-# inside the sampled round, not modes of their own: their rows run in the sampled and penalty rounds.
+# layers) or ("round", hidden layers, sampled, penalty, a sampled draft's q, views, coupled, the most candidates of a
+# row)). Top-k and top-p are a row's settings inside the sampled round, not modes of their own: their rows run in the
+# sampled and penalty rounds.
 ROUND_KINDS: dict[str, Callable[[tuple], bool]] = {
     "greedy round": lambda mode: mode[0] == "round" and not mode[2],
     "sampled round (top-k, top-p)": lambda mode: mode[0] == "round" and mode[2],
     "penalty round": lambda mode: mode[0] == "round" and mode[3],
     "sampled draft's q": lambda mode: mode[0] == "round" and mode[4],
     "hidden states": lambda mode: bool(mode[1]),
-    "W > 1 pass": lambda mode: mode[0] == "pass",
+    "W > 1 round": lambda mode: mode[0] == "round" and mode[7] > 1,
 }
 HEAD_KINDS = ("greedy", "sampled")  # the recurrent head's steps (drafters/head_steps.py), keyed by their rule
 
@@ -309,7 +310,8 @@ def captured_kinds(subject: Subject) -> dict[str, int]:
 def test_every_program_kind_is_captured(subject):
     """Under strict graphs, a short run of each kind: greedy and sampled target-only (top-p; top-k with a repetition
     penalty), a draft model's sampled q, the recurrent head greedy and sampled (hidden states, its steps), n-grams at
-    W = 3 (the pass). Every kind is then among the captures, with the seconds all captures and compiles took."""
+    W = 3 (a round of rows of several candidates). Every kind is then among the captures, with the seconds all
+    captures and compiles took."""
     short = SpeculativeConfig(num_draft_tokens=4, max_new_tokens=8)
     runs = [(None, GREEDY, short), (None, replace(SAMPLED, seed=1), short), (None, replace(FILTERED, seed=2), short),
             ("model", replace(SAMPLED, seed=3), short), ("recurrent", GREEDY, short),

@@ -1,14 +1,18 @@
-"""Pure: a round's rule for R one-candidate rows in fixed shapes, from the target's logits to one packed tensor, so a
+"""Pure: a round's rule for a group's R chain rows in fixed shapes, from the target's logits to one packed tensor, so a
 CUDA graph can capture it after the target's pass and the host reads the round back in one copy.
 
-`decide_chains` runs on the device: the user's settings (core/fixed_rule.py), the rule of each row (the standard rule,
-core/verify.py's verify_chains on counter-based draws, or the coupled rule, core/coupled.py's verify_coupled on the
-row's noise, side by side), the inspector's top entries at every position, and the coupled rule's account of each
-position (core/match_chance.py's path_choices). `chain_verdict` runs on the host over one row of the packed tensor and
-gives the row's verdict (core/verdicts.py) as the eager rule gives it."""
+`decide_chains` runs on the device for rows of one candidate: the user's settings (core/fixed_rule.py), the rule of
+each row (the standard rule, core/verify.py's verify_chains on counter-based draws, or the coupled rule,
+core/coupled.py's verify_coupled on the row's noise, side by side), the inspector's top entries at every position, and
+the coupled rule's account of each position (core/match_chance.py's path_choices). `decide_trees` runs the standard
+rule for rows of up to W candidates, each candidate a chain row of the group: each row's chains gathered by index,
+core/verify.py's verify_tree over them (static loops over W and K), and the inspector's entries along the accepted
+path with the residual after the candidates tried where it stopped. `chain_verdict` runs on the host over one row of
+the packed tensor and gives the row's verdict (core/verdicts.py) as the eager rule gives it."""
 
 # R = chain rows, n = columns of a pass (K+1), K = n-1 drafted columns, V = vocab_size, E = TOP_ENTRIES,
-# M = 2E + 2 entries a position keeps (top by max(p, q), top by residual, the drafted token, the next token)
+# M = 2E + 2 entries a position keeps (top by max(p, q), top by residual, the drafted token, the next token),
+# W = the most candidates of a row in the round (a program's width)
 
 from __future__ import annotations
 
@@ -32,7 +36,14 @@ from specdemo.core.match_chance import match_probability
 from specdemo.core.rounds import CandidateTrace, CoupledChoice
 from specdemo.core.rules import CoupledRule
 from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
-from specdemo.core.verify import CandidateVerdict, first_nonfinite, residual_probs, select_positions, verify_chains
+from specdemo.core.verify import (
+    CandidateVerdict,
+    first_nonfinite,
+    residual_probs,
+    select_positions,
+    verify_chains,
+    verify_tree,
+)
 
 ENTRIES = 2 * TOP_ENTRIES + 2  # M
 VIEW_COLUMNS = 4 * ENTRIES + 3  # per position: M ids, p, q and residual at each, and the three totals
@@ -40,10 +51,45 @@ CHOICE_COLUMNS = 8  # per position: y, log p(y) + G(y), G(y), log p(x) + G(x), G
 HEAD_COLUMNS = 5  # accepted, next token, its p, the first column of non-finite target logits and of non-finite q
 
 
-def packed_columns(num_columns: int) -> int:
-    """Columns of a packed row for passes of n = num_columns: the head and 4K for the rule, n positions of views and n
-    of the coupled rule's choices."""
-    return HEAD_COLUMNS + 4 * (num_columns - 1) + num_columns * (VIEW_COLUMNS + CHOICE_COLUMNS)
+def packed_columns(num_columns: int, width: int = 1) -> int:
+    """Columns of a packed row for passes of n = num_columns and rows of up to `width` candidates: the head and 4K per
+    candidate for the rule, n positions of views and n of the coupled rule's choices; with W > 1 then the path and
+    2K per candidate (tested, accepted), which one candidate's accepted count implies."""
+    tree = 1 + 2 * (num_columns - 1) * width if width > 1 else 0
+    return HEAD_COLUMNS + 4 * (num_columns - 1) * width + num_columns * (VIEW_COLUMNS + CHOICE_COLUMNS) + tree
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a packed row keeps each part, for K drafted columns and rows of up to W candidates."""
+
+    num_draft: int  # K
+    width: int  # W
+
+    @classmethod
+    def of(cls, num_packed: int, width: int) -> Layout:
+        """The layout of a packed row of `num_packed` columns (packed_columns solved for K)."""
+        per_position = VIEW_COLUMNS + CHOICE_COLUMNS
+        tree = (1, 2 * width) if width > 1 else (0, 0)
+        return cls((num_packed - HEAD_COLUMNS - per_position - tree[0]) // (4 * width + per_position + tree[1]), width)
+
+    def trace(self, part: int, candidate: int) -> int:
+        """The first column of part (p(d), q(d), min(1, p/q), draws; then tested, accepted) of a candidate's trace."""
+        if part < 4:
+            return HEAD_COLUMNS + (part * self.width + candidate) * self.num_draft
+        return self.path + 1 + ((part - 4) * self.width + candidate) * self.num_draft
+
+    @property
+    def views(self) -> int:
+        return HEAD_COLUMNS + 4 * self.num_draft * self.width
+
+    @property
+    def choices(self) -> int:
+        return self.views + (self.num_draft + 1) * VIEW_COLUMNS
+
+    @property
+    def path(self) -> int:
+        return self.choices + (self.num_draft + 1) * CHOICE_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -92,13 +138,18 @@ def decide_chains(
         verdict = _with_coupled(verdict, replace(decided, uniforms=decided.noise, noise=None), coupled.rows)
     accepted, next_ids = verdict.num_accepted, verdict.next_token_ids  # [R], [R]
     verified = real[:, None] & (torch.arange(num_columns, device=ids.device) <= lengths[:, None])  # [R, n]
-    rule = _rule_columns(verdict, logits, draft_one_hot, verified)  # [R, HEAD_COLUMNS + 4K]
-    parts = [rule]
+    target_nonfinite = first_nonfinite(logits, verified)  # [R] n where none
+    draft_nonfinite = first_nonfinite(draft_one_hot, verified[:, 1:])  # [R] K where none (a one-hot q is finite)
+    parts = [_rule_columns(verdict, _found(target_nonfinite, num_columns), _found(draft_nonfinite, num_draft))]
     if views:
         drawn = next_ids[:, None].expand(-1, num_columns)  # [R, n]
         marked = torch.stack([torch.cat([draft_ids, draft_ids[:, :1]], 1), drawn], 2)  # [R, n, 2]
-        from_target = None if coupled is None else coupled.rows  # the coupled rule draws the next token from p
-        parts.append(_view_entries(target_probs, draft_one_hot, marked, from_target))
+        draft = pad(draft_one_hot, (0, 0, 0, 1))  # [R, n, V] nothing drafted at the last column
+        residual = residual_probs(target_probs, draft)
+        residual = residual / residual.sum(dim=-1, keepdim=True)
+        if coupled is not None:  # the coupled rule draws the next token from p itself
+            residual = torch.where(coupled.rows[:, None, None], target_probs, residual)
+        parts.append(_view_entries(target_probs, draft, residual, marked))
         if coupled is not None and verdict.choices is not None:
             made = (coupled.noise, draft_ids, verdict.choices, draft_probs is not None)
             parts.append(_choice_entries(target_probs, draft_one_hot, *made))
@@ -111,22 +162,132 @@ def decide_chains(
     return packed, seen_after, accepted
 
 
+@dataclass(frozen=True)
+class TreeRows:
+    """A round's rows of several candidates, each candidate a chain row of the group: a row is named by its first
+    chain row, which lists its candidates' chain rows; every chain row names its row's first (whose seen row holds the
+    row's sequence)."""
+
+    chains: torch.Tensor  # [R, W] int64 the chain row of candidate w of the row first at r (any row past its width)
+    widths: torch.Tensor  # [R] int64 the row's candidates (1 when nothing was drafted); 0 where no row is first
+    heads: torch.Tensor  # [R] int64 the first chain row of the chain row's row
+
+
+def decide_trees(
+    logits: torch.Tensor,  # [R, n, V] the pass's logits: column j after the sequence and j tokens of the chain's draft
+    ids: torch.Tensor,  # [R, n] int64: the sequence's last token, then the chain's drafted ones
+    lengths: torch.Tensor,  # [R] int64 drafted tokens per chain row
+    real: torch.Tensor,  # [R] bool: the chain rows that are a row's first, decided this round
+    settings: RowSettings,  # each chain row's: its row's
+    seeds: torch.Tensor,  # [R] int64 each row's draw stream (read at its first chain row)
+    counters: torch.Tensor,  # [R] int64 draws each row used before this round
+    seen: torch.Tensor | None,  # [R, V] bool the tokens each row's sequence holds, at its first chain row
+    draft_probs: torch.Tensor | None,  # [R, K, V] q of chains whose row sampled its draft
+    sampled_drafts: torch.Tensor,  # [R] bool: the chain's q is in draft_probs, else one-hot at its draft
+    sampled: bool,  # some row samples
+    views: bool,  # some row shows the inspector's entries
+    trees: TreeRows,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """decide_chains for rows of up to W candidates under the standard rule: each row's chains gathered into
+    [R, W, n, V] p and [R, W, K, V] q, core/verify.py's verify_tree on the row's draws (test j of candidate w takes
+    draw j * W_row + w of its round, as the eager rule's), packed at the row's first chain row (Layout). Returns the
+    packed rows, the seen rows after the emitted tokens, the chain row where each row's next logits were read (its
+    path's) and the accepted counts."""
+    _, num_columns, vocab_size = logits.shape
+    num_rows, width = trees.chains.shape
+    num_draft = num_columns - 1
+    drafted = torch.arange(num_draft, device=ids.device) < lengths[:, None]  # [R, K] per chain
+    draft_ids = torch.where(drafted, ids[:, 1:], 0)  # [R, K]
+    counted = torch.cat([torch.zeros_like(drafted[:, :1]), drafted], 1)  # [R, n] column 0 is in the seen row already
+    seen_at = None if seen is None else seen_along(seen.index_select(0, trees.heads), ids, counted)  # [R, n, V]
+    target_probs = _target_probs(logits, seen_at, settings, sampled)  # [R, n, V] each chain's p
+    draft_one_hot = one_hot(draft_ids, vocab_size).to(target_probs.dtype)  # [R, K, V]
+    if draft_probs is not None:
+        draft_one_hot = torch.where(sampled_drafts[:, None, None], draft_probs.to(target_probs.dtype), draft_one_hot)
+    draft_one_hot = draft_one_hot * drafted[..., None]
+    candidate = torch.arange(width, device=ids.device) < trees.widths[:, None]  # [R, W]
+    flat = trees.chains.flatten()  # [R*W]
+    tree_ids = draft_ids.index_select(0, flat).view(num_rows, width, num_draft)
+    tree_lengths = torch.where(candidate, lengths.index_select(0, flat).view(num_rows, width), 0)  # [R, W]
+    tree_q = draft_one_hot.index_select(0, flat).view(num_rows, width, num_draft, vocab_size)
+    tree_p = target_probs.index_select(0, flat).view(num_rows, width, num_columns, vocab_size)
+    uniforms = _tree_uniforms(seeds, counters, trees.widths, num_draft, width)  # [R, K*W + 1]
+    verdict = verify_tree(tree_ids, tree_lengths, tree_q, tree_p, uniforms)
+    accepted, next_ids, path = verdict.num_accepted, verdict.next_token_ids, verdict.path  # [R] each
+    live = candidate & real[:, None]  # [R, W]
+    verified = torch.arange(num_columns, device=ids.device) <= lengths[:, None]  # [R, n] per chain
+    firsts = [(first_nonfinite(logits, verified), num_columns), (first_nonfinite(draft_one_hot, drafted), num_draft)]
+    found = [torch.where(live, first.index_select(0, flat).view(num_rows, width), count) for first, count in firsts]
+    nonfinite = [_found(first.amin(dim=1), count) for first, (_, count) in zip(found, firsts, strict=True)]
+    unshown = torch.zeros(
+        num_rows, num_columns * (VIEW_COLUMNS + CHOICE_COLUMNS), dtype=torch.float64, device=ids.device
+    )
+    parts = [_rule_columns(verdict, *nonfinite), unshown]  # no choices: the standard rule alone
+    if views:
+        rows = torch.arange(num_rows, device=ids.device)
+        path_p, path_ids = tree_p[rows, path], tree_ids[rows, path]  # [R, n, V], [R, K]
+        marked = torch.stack([torch.cat([path_ids, path_ids[:, :1]], 1), next_ids[:, None].expand(-1, num_columns)], 2)
+        tried = torch.cat([verdict.tested, torch.zeros_like(verdict.tested[..., :1])], 2)  # [R, W, n]
+        residual = _tree_residual(path_p, pad(tree_q, (0, 0, 0, 1)), tried)
+        entries = _view_entries(path_p, pad(tree_q[rows, path], (0, 0, 0, 1)), residual, marked)
+        parts[1] = pad(entries, (0, num_columns * CHOICE_COLUMNS))
+    parts += [path[:, None].double(), *(table.double().flatten(1) for table in (verdict.tested, verdict.accepted))]
+    packed = torch.cat(parts, 1)  # [R, P]
+    path_chain = trees.chains.gather(1, path[:, None])[:, 0]  # [R]
+    seen_after = None
+    if seen is not None and seen_at is not None:
+        emitted = select_positions(seen_at.index_select(0, path_chain), accepted) | one_hot(next_ids, vocab_size).bool()
+        seen_after = torch.where(real[:, None], emitted, seen)
+    return packed, seen_after, path_chain, accepted
+
+
+def _tree_uniforms(
+    seeds: torch.Tensor,  # [R] int64
+    counters: torch.Tensor,  # [R] int64
+    widths: torch.Tensor,  # [R] int64 each row's own W
+    num_draft: int,  # K
+    width: int,  # W of the program
+) -> torch.Tensor:  # [R, K*W + 1] float64: test (j, w) at j*W + w, the next token's draw last
+    """Each row's round draws laid out for verify_tree at the program's W: test j of candidate w takes draw
+    j * W_row + w of the row's block (core/fixed_rule.round_uniforms), 0 past the row's candidates."""
+    drawn = round_uniforms(seeds, counters, num_draft * width)  # [R, K*W + 1]
+    depth = torch.arange(num_draft, device=seeds.device)[None, :, None]  # [1, K, 1]
+    candidate = torch.arange(width, device=seeds.device)[None, None, :]  # [1, 1, W]
+    index = (depth * widths[:, None, None] + candidate).flatten(1)  # [R, K*W]
+    inside = (candidate < widths[:, None, None]).expand(-1, num_draft, -1).flatten(1)  # [R, K*W]
+    tests = torch.where(inside, drawn.gather(1, index.clamp(max=num_draft * width - 1)), 0.0)
+    return torch.cat([tests, drawn[:, -1:]], 1)
+
+
+def _tree_residual(
+    target_probs: torch.Tensor,  # [R, n, V] p along the path
+    draft_probs: torch.Tensor,  # [R, W, n, V] each candidate's q (0 where it drafted nothing)
+    tried: torch.Tensor,  # [R, W, n] bool: candidate w was tested at depth j
+) -> torch.Tensor:  # [R, n, V] float64
+    """At each position, p less each candidate tried there in turn, renormalised (inspection.path_views'
+    tried_at_stop), in float64 as the views compute it; p where none was tried."""
+    residual = target_probs.double()
+    for w in range(draft_probs.shape[1]):
+        step = residual_probs(residual, draft_probs[:, w].double())
+        residual = torch.where(tried[:, w, :, None], step / step.sum(dim=-1, keepdim=True), residual)
+    return residual
+
+
+def _found(first: torch.Tensor, count: int) -> torch.Tensor:  # [R] int64 -> [R] int64
+    """first_nonfinite's column, -1 where none (first == count)."""
+    return torch.where(first < count, first, -1)
+
+
 def _rule_columns(
-    verdict: CandidateVerdict,  # W = 1
-    logits: torch.Tensor,  # [R, n, V] raw
-    draft_probs: torch.Tensor,  # [R, K, V] q
-    verified: torch.Tensor,  # [R, n] bool: the columns the round verifies
-) -> torch.Tensor:  # [R, HEAD_COLUMNS + 4K] float64
-    """The head (accepted count, next token, its p, the first column of non-finite logits and of non-finite q, -1 where
-    none) and the trace's four columns."""
-    num_columns = logits.shape[1]
-    target_nonfinite = first_nonfinite(logits, verified)  # [R] n where none
-    draft_nonfinite = first_nonfinite(draft_probs, verified[:, 1:])  # [R] K where none (a one-hot q is finite)
-    target_nonfinite = torch.where(target_nonfinite < num_columns, target_nonfinite, -1)  # -1: none
-    draft_nonfinite = torch.where(draft_nonfinite < num_columns - 1, draft_nonfinite, -1)
+    verdict: CandidateVerdict,  # [R, W, K] tables
+    target_nonfinite: torch.Tensor,  # [R] int64 the first column of non-finite target logits, -1 where none
+    draft_nonfinite: torch.Tensor,  # [R] int64 the first column of non-finite q, -1 where none
+) -> torch.Tensor:  # [R, HEAD_COLUMNS + 4WK] float64
+    """The head (accepted count, next token, its p, the first column of non-finite logits and of non-finite q) and the
+    trace's four parts, each [W, K] (Layout.trace)."""
     head = [verdict.num_accepted, verdict.next_token_ids, verdict.next_token_probs, target_nonfinite, draft_nonfinite]
     trace = [verdict.target_draft_probs, verdict.draft_draft_probs, verdict.acceptance_probs, verdict.uniforms]
-    return torch.cat([torch.stack([column.double() for column in head], 1), *(table[:, 0] for table in trace)], 1)
+    return torch.cat([torch.stack([column.double() for column in head], 1), *(t.double().flatten(1) for t in trace)], 1)
 
 
 def _with_coupled(standard: CandidateVerdict, coupled: CandidateVerdict, rows: torch.Tensor) -> CandidateVerdict:
@@ -155,30 +316,25 @@ def _target_probs(
 
 
 def _view_entries(
-    target_probs: torch.Tensor,  # [R, n, V]
-    draft_probs: torch.Tensor,  # [R, K, V]
+    target_probs: torch.Tensor,  # [R, n, V] p along the row's path
+    draft_probs: torch.Tensor,  # [R, n, V] q of the path's tokens (0 where nothing was drafted)
+    residual: torch.Tensor,  # [R, n, V] normalised: what the next token is drawn from after a rejection there
     marked: torch.Tensor,  # [R, n, 2] int64 the drafted token at each position, and the next token
-    from_target: torch.Tensor | None,  # [R] bool rows whose next token is drawn from p itself (the coupled rule)
 ) -> torch.Tensor:  # [R, n * VIEW_COLUMNS] float64
-    """The inspector's entries at every position: the top tokens by max(p, q) and by what the next token is drawn from
-    after a rejection (the residual norm(max(0, p - q)), or p for the coupled rule), the marked ones, p, q and that
-    residual at each, and the three totals (inspection.path_views on the host)."""
+    """The inspector's entries at every position: the top tokens by max(p, q) and by the residual, the marked ones, p,
+    q and the residual at each, and the three totals (inspection.path_views on the host)."""
     num_rows, num_columns, _ = target_probs.shape
-    draft = pad(draft_probs, (0, 0, 0, 1))  # [R, n, V] nothing drafted at the last column
-    residual = residual_probs(target_probs, draft)
-    residual = residual / residual.sum(dim=-1, keepdim=True)
-    if from_target is not None:
-        residual = torch.where(from_target[:, None, None], target_probs, residual)
     ids = torch.cat(
         [
-            torch.maximum(target_probs, draft).topk(TOP_ENTRIES, dim=-1).indices,
+            torch.maximum(target_probs, draft_probs).topk(TOP_ENTRIES, dim=-1).indices,
             residual.topk(TOP_ENTRIES, dim=-1).indices,
             marked,
         ],
         2,
     )  # [R, n, M]
-    values = [table.gather(2, ids).double() for table in (target_probs, draft, residual)]  # 3 x [R, n, M]
-    totals = torch.stack([table.double().sum(dim=-1) for table in (target_probs, draft, residual)], 2)  # [R, n, 3]
+    tables = (target_probs, draft_probs, residual)
+    values = [table.gather(2, ids).double() for table in tables]  # 3 x [R, n, M]
+    totals = torch.stack([table.double().sum(dim=-1) for table in tables], 2)  # [R, n, 3]
     return torch.cat([ids.double(), *values, totals], 2).reshape(num_rows, num_columns * VIEW_COLUMNS)
 
 
@@ -214,23 +370,29 @@ def _choice_entries(
     return torch.stack(columns, 2).reshape(num_rows, num_columns * CHOICE_COLUMNS)
 
 
-def chain_verdict(packed: np.ndarray, ask: RoundAsk) -> RowVerdict | Overflowed:  # packed [P] float64: one row
-    """The row's verdict from its packed round, as core/eager_round.decide_rows gives it for the same logits: its
-    candidate's trace, the next token, and where the row reads them the inspector's views and the coupled rule's
-    choices; Overflowed where the round read inf or NaN."""
+def chain_verdict(
+    packed: np.ndarray,  # [P] float64: one row
+    ask: RoundAsk,
+    width: int = 1,  # W of the program that packed it (decide_trees' where > 1)
+) -> RowVerdict | Overflowed:
+    """The row's verdict from its packed round, as core/eager_round.decide_rows gives it for the same logits: every
+    candidate's trace, the path, the next token, and where the row reads them the inspector's views and the coupled
+    rule's choices; Overflowed where the round read inf or NaN."""
     target_column, draft_column = (int(column) if column >= 0 else None for column in packed[3:5])
     if (target_column, draft_column) != (None, None):
         return Overflowed(target_column, draft_column)
+    layout = Layout.of(packed.shape[0], width)
     accepted, next_id = int(packed[0]), int(packed[1])
-    tokens = ask.candidates[0] if ask.candidates else []
+    path = int(packed[layout.path]) if width > 1 else 0
+    tokens = ask.candidates[path] if ask.candidates else []
     views, choices = (), ()
     if ask.views:
-        views = read_views(packed, tokens, accepted, next_id if ask.next_follows(0, accepted) else None)
+        views = read_views(packed, layout, tokens, accepted, next_id if ask.next_follows(path, accepted) else None)
         if isinstance(ask.rule, CoupledRule):
-            choices = read_choices(packed, tokens, accepted)
+            choices = read_choices(packed, layout, tokens, accepted)
     return RowVerdict(
-        candidates=tuple(_trace(packed, ask, accepted)),
-        path=0,
+        candidates=tuple(_trace(packed, layout, ask, accepted)),
+        path=path,
         num_accepted=accepted,
         next_token_id=next_id,
         next_token_prob=float(packed[2]),
@@ -239,14 +401,17 @@ def chain_verdict(packed: np.ndarray, ask: RoundAsk) -> RowVerdict | Overflowed:
     )
 
 
-def _trace(packed: np.ndarray, ask: RoundAsk, num_accepted: int) -> list[CandidateTrace]:
-    """The row's candidate (none, or one) with the numbers of its tests, as verify_chains and verify_coupled give
-    them: tested through the first rejection, accepted before it."""
-    num_draft = _num_draft(packed.shape[0])
+def _trace(packed: np.ndarray, layout: Layout, ask: RoundAsk, num_accepted: int) -> list[CandidateTrace]:
+    """The row's candidates with the numbers of their tests, as verify_chains, verify_coupled and verify_tree give
+    them; one candidate is tested through the first rejection and accepted before it."""
     traces = []
-    for tokens in ask.candidates:
+    for w, tokens in enumerate(ask.candidates):
         length = len(tokens)
-        column = [packed[HEAD_COLUMNS + i * num_draft :][:length].tolist() for i in range(4)]
+        column = [packed[layout.trace(part, w) :][:length].tolist() for part in range(6 if layout.width > 1 else 4)]
+        if layout.width > 1:
+            tested, accepted = ([value > 0 for value in part] for part in column[4:])
+        else:
+            tested, accepted = [j <= num_accepted for j in range(length)], [j < num_accepted for j in range(length)]
         traces.append(
             CandidateTrace(
                 token_ids=tokens,
@@ -254,33 +419,25 @@ def _trace(packed: np.ndarray, ask: RoundAsk, num_accepted: int) -> list[Candida
                 draft_probs=column[1],
                 acceptance_probs=column[2],
                 **ask.rule.traced_draws(column[3]),
-                tested=[j <= num_accepted for j in range(length)],
-                accepted=[j < num_accepted for j in range(length)],
-                source=ask.sources[0] if ask.sources else "",
+                tested=tested,
+                accepted=accepted,
+                source=ask.sources[w] if ask.sources else "",
             )
         )
     return traces
 
 
-def _num_draft(num_packed: int) -> int:
-    """K from a packed row's width: HEAD_COLUMNS + 4K + (K+1) * (VIEW_COLUMNS + CHOICE_COLUMNS)."""
-    per_position = VIEW_COLUMNS + CHOICE_COLUMNS
-    return (num_packed - HEAD_COLUMNS - per_position) // (4 + per_position)
-
-
 def read_choices(
     packed: np.ndarray,  # [P] float64: one row
+    layout: Layout,
     drafted: list[int],  # the row's drafted tokens
     num_accepted: int,
 ) -> tuple[CoupledChoice, ...]:
     """match_chance.path_choices from the packed entries: a choice per tested position, y alone at the bonus."""
-    num_draft = _num_draft(packed.shape[0])
-    start = HEAD_COLUMNS + 4 * num_draft + (num_draft + 1) * VIEW_COLUMNS
     shown = []
     for position in range(min(num_accepted + 1, len(drafted) + 1)):
-        y, y_score, y_noise, x_score, x_noise, overlap, low, high = packed[start + position * CHOICE_COLUMNS :][
-            :CHOICE_COLUMNS
-        ].tolist()
+        start = layout.choices + position * CHOICE_COLUMNS
+        y, y_score, y_noise, x_score, x_noise, overlap, low, high = packed[start : start + CHOICE_COLUMNS].tolist()
         target = (int(y), y_score, y_noise)
         if position == len(drafted):
             shown.append(CoupledChoice(*target, None, None, None, None, None, None))
@@ -291,17 +448,16 @@ def read_choices(
 
 def read_views(
     packed: np.ndarray,  # [P] float64: one row
-    drafted: list[int],  # the row's drafted tokens
+    layout: Layout,
+    drafted: list[int],  # the path's drafted tokens
     num_accepted: int,
     next_token: int | None,  # None after an accepted EOS
 ) -> tuple[PositionView, ...]:
     """inspection.path_views from the packed entries: a view per tested position, the residual where the row stopped at
     a rejection."""
-    num_draft = _num_draft(packed.shape[0])
-    start = HEAD_COLUMNS + 4 * num_draft
     views = []
     for position in range(min(num_accepted + 1, len(drafted) + 1)):
-        block = packed[start + position * VIEW_COLUMNS : start + (position + 1) * VIEW_COLUMNS]
+        block = packed[layout.views + position * VIEW_COLUMNS : layout.views + (position + 1) * VIEW_COLUMNS]
         bonus = position == len(drafted)
         rejected = position == num_accepted and not bonus
         drawn = [next_token] if position == num_accepted and next_token is not None else []

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdemo.config import MAX_NUM_DRAFT_TOKENS
-from specdemo.core.chain_round import CoupledRows, decide_chains
+from specdemo.config import MAX_NUM_CANDIDATES, MAX_NUM_DRAFT_TOKENS
+from specdemo.core.chain_round import CoupledRows, TreeRows, decide_chains, decide_trees
 from specdemo.core.coupled import gumbel_noise
 from specdemo.core.fixed_rule import RowSettings
 from specdemo.core.rules import CoupledRule
@@ -31,9 +31,11 @@ from specdemo.models.pools import PASS_ROWS, Group
 PASS_COLUMNS = MAX_NUM_DRAFT_TOKENS + 1  # n: a chain is the sequence's last token and up to K drafted ones
 
 # The columns of a round's input buffer [R, INPUT_COLUMNS] float64: ids, positions, write slots and real (n each),
-# then one column each for these
+# then one column each for these; a row of several candidates (write_tree) names its candidates' chain rows in its
+# first chain row (width, chain_0..), and each of its chain rows names that first one (head)
 ROW_COLUMNS = ("drafted", "row_real", "seed", "draws", "greedy", "temperature", "top_k", "top_p_drop", "top_p_on",
-               "penalty", "sampled_draft", "coupled")  # fmt: skip
+               "penalty", "sampled_draft", "coupled", "width", "head",
+               *(f"chain_{w}" for w in range(MAX_NUM_CANDIDATES)))  # fmt: skip
 INPUT_COLUMNS = 4 * PASS_COLUMNS + len(ROW_COLUMNS)
 
 
@@ -100,14 +102,15 @@ class PassRunner:
         *draft_probs: torch.Tensor,  # [R, K, V] when given
         views: bool = True,  # the inspector's entries packed (a row asks for them)
         coupled: bool = False,  # some row runs the coupled rule: its noise is drawn
+        width: int = 1,  # the most candidates of a row (write_tree's rows where > 1)
     ) -> tuple[torch.Tensor, ...]:
         """A whole group's round: the pass, then the rule (round_rule), each compiled where fusion is on; [R, P] packed
         (and [R, L*H] hidden states where the next round's logits were read). The group's seen rows follow the emitted
         tokens when a row has a penalty."""
         logits, hidden = self.chain_pass(group, inputs)
         model = self.live_model()
-        rule = functools.partial(round_rule, sampled, views, coupled)
-        mode = ("rule", self.hidden_layers, sampled, penalty, bool(draft_probs), views, coupled)
+        rule = functools.partial(round_rule, sampled, views, coupled, width)
+        mode = ("rule", self.hidden_layers, sampled, penalty, bool(draft_probs), views, coupled, width)
         run = fusion.fused(model, mode, rule) or rule
         seen = group.seen if penalty else None
         packed, seen_after, kept = run(inputs, logits, seen, draft_probs[0] if draft_probs else None, hidden)
@@ -176,6 +179,7 @@ def round_rule(
     sampled: bool,  # some row samples
     views: bool,  # the inspector's entries packed
     coupled: bool,  # some row runs the coupled rule
+    width: int,  # the most candidates of a row: > 1, rows of several chain rows under the standard rule
     inputs: torch.Tensor,  # [R, INPUT_COLUMNS] float64
     logits: torch.Tensor,  # [R, n, V] the pass's
     seen: torch.Tensor | None,  # [R, V] bool where a row has a penalty
@@ -183,7 +187,8 @@ def round_rule(
     hidden: torch.Tensor | None,  # [R, n, L*H] the pass's kept hidden states
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # [R, P], [R, V] seen after, [R, L*H]
     """A round's rule from the pass (core/chain_round.py) for the rows' settings and rules in the input buffer (a
-    coupled row's noise from its seed and positions); the hidden states where the next round's logits were read."""
+    coupled row's noise from its seed and positions); the hidden states where the next round's logits were read (a
+    row of several candidates: its path's chain row)."""
     column = dict(zip(ROW_COLUMNS, inputs[:, 4 * PASS_COLUMNS :].unbind(1), strict=True))  # each [R]
     settings = RowSettings(
         greedy=column["greedy"].bool(),
@@ -193,7 +198,7 @@ def round_rule(
         top_p_on=column["top_p_on"].bool(),
         penalty=column["penalty"].float(),
     )
-    packed, seen_after, accepted = decide_chains(
+    decided = (
         logits,
         inputs[:, :PASS_COLUMNS].long(),
         column["drafted"].long(),
@@ -206,8 +211,15 @@ def round_rule(
         column["sampled_draft"].bool(),
         sampled,
         views,
-        _coupled_rows(inputs, column, logits.shape[-1]) if coupled else None,
     )
+    if width > 1:
+        chains = torch.stack([column[f"chain_{w}"] for w in range(width)], 1).long()  # [R, W]
+        trees = TreeRows(chains, column["width"].long(), column["head"].long())
+        packed, seen_after, read_at, accepted = decide_trees(*decided, trees)
+        hidden = None if hidden is None else hidden.index_select(0, read_at)
+    else:
+        coupled_rows = _coupled_rows(inputs, column, logits.shape[-1]) if coupled else None
+        packed, seen_after, accepted = decide_chains(*decided, coupled_rows)
     return packed, seen_after, None if hidden is None else select_positions(hidden, accepted)
 
 
@@ -288,10 +300,10 @@ def staging_for(group: Group, num_packed: int, device: torch.device) -> Staging:
     return Staging(inputs, outputs, blank)
 
 
-def write_row(row: np.ndarray, ask: RoundAsk) -> None:  # row [INPUT_COLUMNS] float64
-    """One row's inputs: its last token and candidate at its canonical slots, its settings, its rule and its draw
-    stream (or noise seed)."""
-    draft_ids = ask.candidates[0] if ask.candidates else []
+def write_row(row: np.ndarray, ask: RoundAsk, candidate: int = 0) -> None:  # row [INPUT_COLUMNS] float64
+    """One chain row's inputs: the row's last token and its candidate at their canonical slots, the row's settings,
+    its rule and its draw stream (or noise seed)."""
+    draft_ids = ask.candidates[candidate] if ask.candidates else []
     n, count = PASS_COLUMNS, len(draft_ids) + 1
     start = len(ask.trunk_ids) - 1
     row[0] = ask.trunk_ids[-1]
@@ -299,7 +311,7 @@ def write_row(row: np.ndarray, ask: RoundAsk) -> None:  # row [INPUT_COLUMNS] fl
     row[n : n + count] = row[2 * n : 2 * n + count] = range(start, start + count)
     row[3 * n : 3 * n + count] = 1.0
     sampling = ask.sampling
-    row[4 * n :] = (
+    row[4 * n : 4 * n + ROW_COLUMNS.index("width")] = (
         count - 1,
         1.0,
         ask.seed,
@@ -313,6 +325,19 @@ def write_row(row: np.ndarray, ask: RoundAsk) -> None:  # row [INPUT_COLUMNS] fl
         ask.draft_probs is not None,
         isinstance(ask.rule, CoupledRule),
     )
+
+
+def write_tree(inputs: np.ndarray, chains: list[int], ask: RoundAsk) -> None:  # inputs [R, INPUT_COLUMNS] float64
+    """A row's inputs to a program of rows with several candidates: candidate w in chain row chains[w] (write_row),
+    the row decided at its first chain row, which names its candidates' chain rows; each names that first one."""
+    n = 4 * PASS_COLUMNS
+    for w, local in enumerate(chains):
+        write_row(inputs[local], ask, w)
+        inputs[local, n + ROW_COLUMNS.index("row_real")] = w == 0
+        inputs[local, n + ROW_COLUMNS.index("head")] = chains[0]
+    first = n + ROW_COLUMNS.index("chain_0")
+    inputs[chains[0], n + ROW_COLUMNS.index("width")] = len(chains)
+    inputs[chains[0], first : first + len(chains)] = chains
 
 
 class Clock:

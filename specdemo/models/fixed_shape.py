@@ -12,7 +12,8 @@ text is the same in any batch, bit for bit (docs/how-it-works.md; tests/models/t
 
 Rows decode in groups of PASS_ROWS chain rows kept for the process (models/pools.py). On CUDA a group's round is one
 captured program (models/graphs.py, models/fixed_pass.py): the pass, the user's settings, the rule and the inspector's
-entries (core/chain_round.py), for rows of one candidate under the standard or the coupled rule, read from one input
+entries (core/chain_round.py), for rows of one candidate under the standard or the coupled rule and rows of up to
+PASS_ROWS candidates under the standard rule (each candidate a chain row of the row's group), read from one input
 buffer and read back in one copy, so the host waits once a round, on an event recorded on its stream (graphs.wait),
 never on the whole device. A replay runs the kernels its capture recorded, so its numbers are the eager program's bit
 for bit. Passes and rounds hold graphs.DEVICE_WORK, as every capture does, so one capture runs at a time and no other
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from specdemo.config import MAX_NUM_CANDIDATES
 from specdemo.core.chain_round import chain_verdict, packed_columns
 from specdemo.core.rules import CoupledRule
 from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
@@ -51,6 +53,7 @@ from specdemo.models.fixed_pass import (
     Staging,
     staging_for,
     write_row,
+    write_tree,
 )
 from specdemo.models.graphs import Program
 from specdemo.models.layout import HOLE, RowRequest
@@ -116,7 +119,8 @@ class _Fed:
 
 class FixedShapeModel(CachedModel):
     """TreeCachedModel's contract (logits_for="all"), with every pass of one shape (see the module's docstring), and
-    `decide`: whole rounds of one-candidate rows, standard and coupled, on the device."""
+    `decide`: whole rounds on the device, of one-candidate rows (standard and coupled) and of rows of several
+    candidates (standard)."""
 
     def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
         super().__init__(model, hidden_layers)
@@ -161,11 +165,14 @@ class FixedShapeModel(CachedModel):
                 self.leased.remove(group)
                 self.pools.give_back(group)
 
-    def _take(self, slots: int) -> _Chain:
-        """A free chain row of `slots` slots, in a group this model leased or in one more, its keys and values zeroed:
-        a row that left may have written inf or NaN there (decoding.NonFiniteLogits), which the next row would meet
-        at its masked slots (0 * NaN)."""
-        group = next((g for g in self.leased if g.slots == slots and g.free), None)
+    def _take(self, slots: int, near: Group | None = None) -> _Chain:
+        """A free chain row of `slots` slots, its keys and values zeroed (a row that left may have written inf or NaN
+        there, decoding.NonFiniteLogits, which the next row would meet at its masked slots, 0 * NaN): in `near` where
+        it has one (a row's candidates in one group run in one program), else in a group this model leased, or in one
+        more."""
+        group = near if near is not None and near.free else None
+        if group is None:
+            group = next((g for g in self.leased if g.slots == slots and g.free), None)
         if group is None:
             group = self.pools.lease(slots)
             self.leased.append(group)
@@ -180,30 +187,31 @@ class FixedShapeModel(CachedModel):
         chains do not hold yet (its prompt, when it joins) in a pass of its own. In the order asked: [W, K+1, V]
         with position 0 after the trunk and j+1 after candidate w's first j+1 tokens (zeros past its end)."""
         with graphs.DEVICE_WORK, self.lock:
-            started = self.forward_seconds
-            read = {key: self._prepare(key, request) for key, request in asked.items()}
-            fed = [
-                _Fed(key, w, self.rows[key].chains[w], [request.trunk_ids[-1], *branch], len(request.trunk_ids) - 1)
-                for key, request in asked.items()
-                for w, branch in enumerate(request.branch_ids or [[]])
-            ]
-            logits, hidden = {}, {}
-            for group in dict.fromkeys(f.chain.group for f in fed):
-                chains = [f for f in fed if f.chain.group is group]
-                outputs = self._run(group, ("pass", self.hidden_layers), self._pass_inputs(group, chains))
-                for f in chains:
-                    count = len(f.tokens)
-                    logits[f.key, f.candidate] = outputs[0][f.chain.local, :count]
-                    hidden[f.key, f.candidate] = outputs[1][f.chain.local, :count] if len(outputs) > 1 else None
-            for f in fed:
-                f.chain.start, f.chain.tail, f.chain.seen_valid = f.start, f.tokens, False
-            self.last_forward_seconds = self.forward_seconds - started
-            self.last_input_lengths = {
-                key: read[key] + sum(len(f.tokens) for f in fed if f.key == key) for key in asked
-            }
-            if self.keep_hidden_states:
-                self.last_hidden_states = {key: _arranged(hidden, key, asked[key]) for key in asked}
-            return [_arranged(logits, key, request) for key, request in asked.items()]
+            return self._chain_logits(asked, {key: self._prepare(key, request) for key, request in asked.items()})
+
+    def _chain_logits(self, asked: dict[Hashable, RowRequest], read: dict[Hashable, int]) -> list[torch.Tensor]:
+        """logits() for prepared rows (`read`: the tokens each row's preparation read)."""
+        started = self.forward_seconds
+        fed = [
+            _Fed(key, w, self.rows[key].chains[w], [request.trunk_ids[-1], *branch], len(request.trunk_ids) - 1)
+            for key, request in asked.items()
+            for w, branch in enumerate(request.branch_ids or [[]])
+        ]
+        logits, hidden = {}, {}
+        for group in dict.fromkeys(f.chain.group for f in fed):
+            chains = [f for f in fed if f.chain.group is group]
+            outputs = self._run(group, ("pass", self.hidden_layers), self._pass_inputs(group, chains))
+            for f in chains:
+                count = len(f.tokens)
+                logits[f.key, f.candidate] = outputs[0][f.chain.local, :count]
+                hidden[f.key, f.candidate] = outputs[1][f.chain.local, :count] if len(outputs) > 1 else None
+        for f in fed:
+            f.chain.start, f.chain.tail, f.chain.seen_valid = f.start, f.tokens, False
+        self.last_forward_seconds = self.forward_seconds - started
+        self.last_input_lengths = {key: read[key] + sum(len(f.tokens) for f in fed if f.key == key) for key in asked}
+        if self.keep_hidden_states:
+            self.last_hidden_states = {key: _arranged(hidden, key, asked[key]) for key in asked}
+        return [_arranged(logits, key, request) for key, request in asked.items()]
 
     def _pass_inputs(self, group: Group, chains: list[_Fed]) -> torch.Tensor:  # [R, 4n] float64
         n = PASS_COLUMNS
@@ -237,7 +245,9 @@ class FixedShapeModel(CachedModel):
         if mode[0] == "pass":
             run = functools.partial(self.runner.group_pass, group)
         else:  # _round_mode's; a penalty's seen rows made by _round
-            run = functools.partial(self.runner.group_round, group, mode[2], mode[3], views=mode[5], coupled=mode[6])
+            run = functools.partial(
+                self.runner.group_round, group, mode[2], mode[3], views=mode[5], coupled=mode[6], width=mode[7]
+            )
         inputs = [tensor.to(self.device, copy=True) for tensor in first]
         program = Program(run, inputs)
         if captured:
@@ -279,7 +289,7 @@ class FixedShapeModel(CachedModel):
                 self._release(row)
             row = self.rows[key] = _Row([self._take(slot_bucket(needed))])  # it reads its whole sequence again
         while len(row.chains) < max(1, len(request.branch_ids)):
-            row.chains.append(self._take(row.slots))
+            row.chains.append(self._take(row.slots, near=row.chains[0].group))
         known = len(trunk) - 1
         held = [chain.common(trunk, known) for chain in row.chains]
         best = row.chains[held.index(max(held))]
@@ -312,52 +322,70 @@ class FixedShapeModel(CachedModel):
     @torch.inference_mode()
     def decide(self, asked: dict[Hashable, RoundAsk]) -> dict[Hashable, RowVerdict | Overflowed | Exception]:
         """Every row's round: whole on the device where every row's round runs in the captured program (in_program),
-        else the pass and the eager rule (CachedModel.decide)."""
+        else the pass and the eager rule (CachedModel.decide). Rows the program cannot hold take the pass and the eager
+        rule beside it: a row whose candidates' chain rows are not all in one group, and the rows of a group where a
+        coupled row meets a row of several candidates."""
         if not all(self.in_program(ask) for ask in asked.values()):
             return super().decide(asked)
         with graphs.DEVICE_WORK, self.lock:
-            read = {
-                key: self._prepare(key, RowRequest(a.trunk_ids, a.candidates, "all", a.capacity))
-                for key, a in asked.items()
-            }
-            members: dict[Group, list[tuple[Hashable, _Chain, RoundAsk]]] = {}
+            requests = {key: RowRequest(a.trunk_ids, a.candidates, "all", a.capacity) for key, a in asked.items()}
+            read = {key: self._prepare(key, request) for key, request in requests.items()}
+            members: dict[Group, list[tuple[Hashable, list[_Chain], RoundAsk]]] = {}
+            eager: list[Hashable] = []
             for key, ask in asked.items():
-                chain = self.rows[key].chains[0]
-                members.setdefault(chain.group, []).append((key, chain, ask))
-            started = Clock(self.device)
+                chains = self.rows[key].chains[: max(1, len(ask.candidates))]
+                if all(chain.group is chains[0].group for chain in chains):
+                    members.setdefault(chains[0].group, []).append((key, chains, ask))
+                else:
+                    eager.append(key)
             modes = {group: _round_mode(self.hidden_layers, rows) for group, rows in members.items()}
-            landed = [
-                (rows, modes[group][3], *self._round(group, modes[group], rows)) for group, rows in members.items()
-            ]
-            seconds = started.wait()
-            self.forward_seconds += seconds
-            self.last_forward_seconds, self.last_rule_seconds = seconds, 0.0  # the rule ran in the program
-            self.last_input_lengths = {key: read[key] + 1 + sum(map(len, a.candidates)) for key, a in asked.items()}
+            for group, mode in list(modes.items()):
+                if mode[6] and mode[7] > 1:  # the coupled rule's choices over several candidates are made on the host
+                    eager += [key for key, _, _ in members.pop(group)]
+                    del modes[group]
             decided: dict[Hashable, RowVerdict | Overflowed | Exception] = {}
-            for rows, penalty, staging, hidden in landed:
+            eager_seconds = 0.0
+            if eager:
+                logits = self._chain_logits({key: requests[key] for key in eager}, read)
+                decided.update(self.rule_verdicts({key: asked[key] for key in eager}, logits))
+                eager_seconds = self.last_forward_seconds
+            else:
+                self.last_rule_seconds = 0.0  # the rule ran in the program
+            started = Clock(self.device)
+            landed = [(rows, modes[group], *self._round(group, modes[group], rows)) for group, rows in members.items()]
+            seconds = started.wait() if landed else 0.0
+            self.forward_seconds += seconds
+            self.last_forward_seconds = eager_seconds + seconds
+            self.last_input_lengths = {key: read[key] + 1 + sum(map(len, a.candidates)) for key, a in asked.items()}
+            for rows, mode, staging, hidden in landed:
                 hidden = None if hidden is None else hidden.clone()  # the next replay overwrites the program's own
-                for key, chain, ask in rows:
-                    decided[key] = self._verdict(key, ask, staging.read[chain.local], hidden, chain.local)
-                    chain.start, chain.tail = len(ask.trunk_ids) - 1, [ask.trunk_ids[-1], *(ask.candidates or [[]])[0]]
-                    chain.seen_valid = penalty
-            return decided
+                for key, chains, ask in rows:
+                    local = chains[0].local
+                    decided[key] = self._verdict(key, ask, staging.read[local], hidden, local, mode[7])
+                    for w, (chain, fed) in enumerate(zip(chains, ask.candidates or [[]], strict=True)):
+                        chain.start, chain.tail = len(ask.trunk_ids) - 1, [ask.trunk_ids[-1], *fed]
+                        chain.seen_valid = mode[3] and w == 0  # a row's seen row is its first chain row's
+            return {key: decided[key] for key in asked}
 
     def in_program(self, ask: RoundAsk) -> bool:
-        """The row's round runs in the captured program: the engine's own rule (standard or coupled), and at most one
-        candidate of token ids in the vocabulary (the eager rule says which id is not)."""
+        """The row's round runs in the captured program: the engine's own rule, at most one candidate under the coupled
+        rule (its choices over several candidates are made on the host) and MAX_NUM_CANDIDATES under the standard
+        rule, of token ids in the vocabulary (the eager rule says which id is not)."""
+        most = 1 if isinstance(ask.rule, CoupledRule) else MAX_NUM_CANDIDATES
         return (
             ask.rule.captured
-            and len(ask.candidates) <= 1
+            and len(ask.candidates) <= most
             and all(0 <= token < self.vocab_size for candidate in ask.candidates for token in candidate)
         )
 
     def _verdict(
-        self, key: Hashable, ask: RoundAsk, packed: np.ndarray, hidden: torch.Tensor | None, local: int
+        self, key: Hashable, ask: RoundAsk, packed: np.ndarray, hidden: torch.Tensor | None, local: int, width: int
     ) -> RowVerdict | Overflowed | Exception:
-        """The row's verdict from its packed row (core/chain_round.chain_verdict), with the tokens the pass read and
-        its hidden states where the next round's logits were read; the exception reading it raised, if any."""
+        """The row's verdict from its packed row (core/chain_round.chain_verdict, for a program of rows of up to
+        `width` candidates), with the tokens the pass read and its hidden states where the next round's logits were
+        read; the exception reading it raised, if any."""
         try:
-            verdict = chain_verdict(packed, ask)
+            verdict = chain_verdict(packed, ask, width)
         except Exception as error:  # this row's alone: the others' verdicts stand
             return error
         if isinstance(verdict, Overflowed):
@@ -366,21 +394,25 @@ class FixedShapeModel(CachedModel):
         return replace(verdict, num_input_tokens=self.last_input_lengths[key], hidden_state=state)
 
     def _round(
-        self, group: Group, mode: tuple, rows: list[tuple[Hashable, _Chain, RoundAsk]]
+        self, group: Group, mode: tuple, rows: list[tuple[Hashable, list[_Chain], RoundAsk]]
     ) -> tuple[Staging, torch.Tensor | None]:
         """One group's round queued on the device: inputs in, the program, the packed outputs out (asynchronously
         on CUDA); returns where they land and the hidden states, on the device."""
         staging = group.staging.get(mode)
         if staging is None:
-            staging = group.staging[mode] = staging_for(group, packed_columns(PASS_COLUMNS), self.device)
+            staging = group.staging[mode] = staging_for(group, packed_columns(PASS_COLUMNS, mode[7]), self.device)
         staging.write[:] = staging.blank
         if mode[3] and group.seen is None:
             group.seen = torch.zeros(PASS_ROWS, self.vocab_size, dtype=torch.bool, device=self.device)
-        for _, chain, ask in rows:
-            write_row(staging.write[chain.local], ask)
-            if mode[3] and group.seen is not None and not chain.seen_valid:  # its first round with a penalty
-                group.seen[chain.local] = False
-                group.seen[chain.local, ask.trunk_ids] = True
+        for _, chains, ask in rows:
+            if mode[7] > 1:
+                write_tree(staging.write, [chain.local for chain in chains], ask)
+            else:
+                write_row(staging.write[chains[0].local], ask)
+            first = chains[0]
+            if mode[3] and group.seen is not None and not first.seen_valid:  # its first round with a penalty
+                group.seen[first.local] = False
+                group.seen[first.local, ask.trunk_ids] = True
         program = group.programs.get((mode, self.replays_graphs))
         if program is None:
             given = torch.zeros(PASS_ROWS, PASS_COLUMNS - 1, self.vocab_size, device=self.device)  # [R, K, V]
@@ -393,9 +425,9 @@ class FixedShapeModel(CachedModel):
         return staging, outputs[1] if len(outputs) > 1 else None
 
 
-def _round_mode(hidden_layers: tuple[int, ...], rows: list[tuple[Hashable, _Chain, RoundAsk]]) -> tuple:
+def _round_mode(hidden_layers: tuple[int, ...], rows: list[tuple[Hashable, list[_Chain], RoundAsk]]) -> tuple:
     """A group's round program: ("round", hidden layers, some row samples, has a penalty, sampled its draft, reads
-    the inspector's entries, runs the coupled rule)."""
+    the inspector's entries, runs the coupled rule, the most candidates of a row)."""
     asks = [ask for _, _, ask in rows]
     return (
         "round",
@@ -405,15 +437,17 @@ def _round_mode(hidden_layers: tuple[int, ...], rows: list[tuple[Hashable, _Chai
         any(ask.draft_probs is not None for ask in asks),
         any(ask.views for ask in asks),  # the inspector's entries, computed where a row reads them
         any(isinstance(ask.rule, CoupledRule) for ask in asks),
+        max(max(1, len(ask.candidates)) for ask in asks),
     )
 
 
-def _drafted(draft_probs: torch.Tensor, rows: list[tuple[Hashable, _Chain, RoundAsk]]) -> torch.Tensor:
-    """The rows' sampled drafts' q written into a round's [R, K, V] input, on the device."""
-    for _, chain, ask in rows:
-        if ask.draft_probs is not None and ask.candidates:
-            length = len(ask.candidates[0])
-            draft_probs[chain.local, :length] = ask.draft_probs[0, :length]
+def _drafted(draft_probs: torch.Tensor, rows: list[tuple[Hashable, list[_Chain], RoundAsk]]) -> torch.Tensor:
+    """The rows' sampled drafts' q written into a round's [R, K, V] input, each candidate's at its chain row, on the
+    device."""
+    for _, chains, ask in rows:
+        if ask.draft_probs is not None:
+            for chain, candidate, probs in zip(chains, ask.candidates, ask.draft_probs, strict=False):
+                draft_probs[chain.local, : len(candidate)] = probs[: len(candidate)]
     return draft_probs
 
 

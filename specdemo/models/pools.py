@@ -98,9 +98,10 @@ class ModelPools:
             self.budget, self.slot_bytes = budget, slot_bytes
 
     def lease(self, slots: int) -> Group:
-        """An idle group of `slots` slots (its memory and programs reused), or a new one within the budget."""
+        """An idle group of `slots` slots (its memory and programs reused), the newest first (it holds the programs the
+        latest runs captured), or a new one within the budget."""
         with self.lock:
-            for group in self.idle:
+            for group in reversed(self.idle):
                 if group.slots == slots:
                     self.idle.remove(group)
                     return group

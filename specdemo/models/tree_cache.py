@@ -167,6 +167,13 @@ class CachedModel:
         logits = self.logits(
             {key: RowRequest(a.trunk_ids, a.candidates, "all", a.capacity) for key, a in asked.items()}
         )
+        return self.rule_verdicts(asked, logits)
+
+    def rule_verdicts(
+        self, asked: dict[Hashable, RoundAsk], logits: list[torch.Tensor]
+    ) -> dict[Hashable, RowVerdict | Overflowed | Exception]:
+        """The eager rule's verdicts on the latest pass's logits (per row [W, K+1, V], in the order asked), each with
+        the tokens the pass read for its row and its hidden state at the path's accepted position."""
         started = time.perf_counter()
         decided = dict(zip(asked, decide_rows(list(asked.values()), logits), strict=True))
         for key, outcome in decided.items():

@@ -81,7 +81,9 @@ def test_under_strict_graphs_an_uncapturable_round_fails_the_run_naming_its_prog
     CaptureFailed, whose message names the program's key."""
     fixed("strict")
     plant_a_host_read(monkeypatch)
-    with pytest.raises(CaptureFailed, match=r"\(\('round', \(\), False, False, False, True, False\), 256\)") as failure:
+    with pytest.raises(
+        CaptureFailed, match=r"\(\('round', \(\), False, False, False, True, False, 1\), 256\)"
+    ) as failure:
         decoded(tiny_model(1, num_layers=1), NoDrafter(), GREEDY)
     assert "item() reads a value back to the host" in str(failure.value)
 
@@ -98,12 +100,12 @@ def test_without_strict_an_uncapturable_round_runs_eagerly_with_one_line_and_the
         found = decoded(target, NoDrafter(), GREEDY)
     lines = [record.getMessage() for record in caplog.records if "without CUDA graphs" in record.getMessage()]
     assert found == eager
-    assert len(lines) == 1 and "('round', (), False, False, False, True, False)" in lines[0], lines
+    assert len(lines) == 1 and "('round', (), False, False, False, True, False, 1)" in lines[0], lines
     assert pools_for(target).graphs_failed
 
 
 class TwoCandidates:
-    """Two deterministic candidates a round: W > 1, so the round takes the pass program and the eager rule."""
+    """Two deterministic candidates a round: W > 1, a round program of rows of several candidates."""
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
         return [Draft([[5, 9], [3, 11]], None) for _ in requests]
@@ -117,7 +119,7 @@ def test_under_strict_graphs_every_program_kind_is_captured_once_and_replays(fix
     first use and replayed after: the rounds greedy, sampled with top-k and top-p, with a repetition penalty, with a
     sampled draft's q (a draft model), with hidden states (the recurrent head, greedy and sampled), the head's greedy
     and sampled steps, the coupled rule's rounds (target-only, and a draft model's q with the match chances of its
-    choices), and the pass program of W > 1. A second request captures nothing more."""
+    choices), and the round of rows of two candidates. A second request captures nothing more."""
     fixed("strict")
     target, draft = tiny_model(1, num_layers=1), tiny_model(2, num_layers=1)
     head = tiny_recurrent_head(target, 3)
@@ -144,17 +146,17 @@ def test_under_strict_graphs_every_program_kind_is_captured_once_and_replays(fix
     all_requests()
     pools, steps = pools_for(target), steps_for(head, TINY_VOCAB)
     assert {mode for mode, _ in pools.captures} == {
-        ("round", (), False, False, False, True, False),
-        ("round", (), True, False, False, True, False),
-        ("round", (), True, True, False, True, False),
-        ("round", (), True, False, True, True, False),
-        ("round", layers, False, False, False, True, False),
+        ("round", (), False, False, False, True, False, 1),
+        ("round", (), True, False, False, True, False, 1),
+        ("round", (), True, True, False, True, False, 1),
+        ("round", (), True, False, True, True, False, 1),
+        ("round", layers, False, False, False, True, False, 1),
         # a sampled row's first round: no hidden state yet, no draft
-        ("round", layers, True, False, False, True, False),
-        ("round", layers, True, False, True, True, False),
-        ("round", (), True, False, False, True, True),  # coupled
-        ("round", (), True, False, True, True, True),
-        ("pass", ()),
+        ("round", layers, True, False, False, True, False, 1),
+        ("round", layers, True, False, True, True, False, 1),
+        ("round", (), True, False, False, True, True, 1),  # coupled
+        ("round", (), True, False, True, True, True, 1),
+        ("round", (), False, False, False, True, False, 2),  # two candidates a row
     }
     assert {(key[0], bucket, captured) for key, bucket, captured in steps.programs} == {
         ("greedy", 1, True),

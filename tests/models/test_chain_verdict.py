@@ -8,7 +8,7 @@ sampled, side by side in one group. Pure: logits made up, no model."""
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 from types import SimpleNamespace
 
 import torch
@@ -19,7 +19,7 @@ from specdemo.core.eager_round import decide_rows
 from specdemo.core.fixed_rule import DRAWS_PER_ROUND
 from specdemo.core.rules import rule_for
 from specdemo.core.verdicts import RoundAsk, RowVerdict
-from specdemo.models.fixed_pass import PASS_COLUMNS, round_rule, staging_for, write_row
+from specdemo.models.fixed_pass import PASS_COLUMNS, round_rule, staging_for, write_row, write_tree
 
 VOCAB = 40
 PEAKED = 6.0  # added to a drafted token's logit at the positions the test wants it likely
@@ -97,7 +97,7 @@ def program_verdicts(asks: list[RoundAsk], logits: torch.Tensor) -> list:
         seen[r, row.trunk_ids] = True
         if row.draft_probs is not None:
             given[r, : len(row.candidates[0])] = row.draft_probs[0].to(device)
-    packed, _, _ = round_rule(True, True, True, staging.inputs.to(device), logits, seen, given, None)
+    packed, _, _ = round_rule(True, True, True, 1, staging.inputs.to(device), logits, seen, given, None)
     return [chain_verdict(row_packed, row) for row_packed, row in zip(packed.cpu().numpy(), asks, strict=True)]
 
 
@@ -144,3 +144,117 @@ def test_the_round_programs_verdict_is_the_eager_rules() -> None:
     assert all(verdict.choices for verdict in coupled)
     assert max(verdict.num_accepted for verdict in coupled) >= 2
     assert {verdict.num_accepted for verdict in eager} != {0}
+
+
+def tree_ask(
+    sampling: SamplingConfig,
+    trunk: list[int],
+    candidates: list[list[int]],
+    seed: int,
+    draft_probs: torch.Tensor | None = None,  # [W, K, V]
+) -> RoundAsk:
+    """A row of several candidates, each from a beam of its own."""
+    return replace(
+        ask(sampling, trunk, candidates[0], seed),
+        candidates=candidates,
+        draft_probs=draft_probs,
+        sources=tuple(f"beam {w}" for w in range(len(candidates))),
+    )
+
+
+def tree_rows() -> tuple[list[RoundAsk], list[list[int]]]:
+    """One group of rows with several candidates beside a row of one, and each row's chain rows (interleaved): a
+    greedy row of two candidates, the shorter first, whose longer sibling is rejected past the shorter's end; a
+    sampled row of three candidates of different lengths with a sampling drafter's q; a sampled row of two
+    deterministic candidates, the shorter first, with top-p and a penalty, both rejected at depth 1; a greedy row of
+    one."""
+    generator = torch.Generator().manual_seed(2)
+    trunk = [3, 17, 5, 22, 9, 30]
+    drafts = [sampled_draft(generator, length) for length in (2, 4, 3)]
+    probs = torch.zeros(3, 4, VOCAB)  # [W, K, V]
+    for w, (_, q) in enumerate(drafts):
+        probs[w, : q.shape[1]] = q[0]
+    penalised = SamplingConfig(temperature=0.8, top_p=0.9, repetition_penalty=1.2, seed=7)
+    asks = [
+        tree_ask(SamplingConfig(), trunk, [[4, 8], [4, 8, 15, 16]], 1),
+        tree_ask(SamplingConfig(temperature=1.0), trunk, [tokens for tokens, _ in drafts], 2, probs),
+        tree_ask(penalised, trunk[:4], [[6, 12], [6, 14, 13]], 3),
+        ask(SamplingConfig(), trunk, [11, 2], 4),
+    ]
+    return asks, [[0, 5], [1, 2, 6], [7, 3], [4]]
+
+
+def tree_logits(asks: list[RoundAsk], chains: list[list[int]]) -> torch.Tensor:  # [R, n, V] float32
+    """Random logits, the same at the positions whose prefix two candidates share (as a pass gives them), each
+    candidate's tokens made likely at its first two positions; the greedy row's longer candidate rejected at depth 2,
+    the beams' first candidate at depth 0, and both of the third row's candidates at depth 1."""
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(sum(map(len, chains)), PASS_COLUMNS, VOCAB, generator=generator)
+
+    def shared(a: list[int], b: list[int]) -> int:  # positions 0..shared are the same node for both
+        return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+    for row, rows in zip(asks, chains, strict=True):
+        for w, tokens in enumerate(row.candidates):
+            for v, other in enumerate(row.candidates[:w]):
+                logits[rows[w], : shared(tokens, other) + 1] = logits[rows[v], : shared(tokens, other) + 1]
+        for tokens in row.candidates:
+            for j, token in enumerate(tokens[:2]):
+                for other, r in zip(row.candidates, rows, strict=True):
+                    logits[r, j, token] += PEAKED if shared(tokens, other) >= j else 0.0
+    logits[chains[0][1], 2, asks[0].candidates[1][2]] = -PEAKED
+    logits[chains[1], 0, asks[1].candidates[0][0]] = -PEAKED
+    for r in chains[2]:  # 14 kept likely enough that the residual after it differs from the one after 12 alone
+        logits[r, 1, 12], logits[r, 1, 14] = -PEAKED, 1.5
+    return logits
+
+
+def tree_program_verdicts(asks: list[RoundAsk], chains: list[list[int]], logits: torch.Tensor) -> list:
+    """The round program of rows with several candidates on `logits`, from the input buffer its rows write, each
+    row's verdict read back at its first chain row."""
+    width = max(len(row.candidates) for row in asks)
+    staging = staging_for(SimpleNamespace(slots=256), packed_columns(PASS_COLUMNS, width), torch.device("cpu"))
+    staging.write[:] = staging.blank
+    seen = torch.zeros(len(logits), VOCAB, dtype=torch.bool)  # [R, V]
+    given = torch.zeros(len(logits), PASS_COLUMNS - 1, VOCAB)  # [R, K, V]
+    for row, rows in zip(asks, chains, strict=True):
+        write_tree(staging.write, rows, row)
+        seen[rows[0], row.trunk_ids] = True
+        for w, (tokens, r) in enumerate(zip(row.candidates, rows, strict=True)):
+            if row.draft_probs is not None:
+                given[r, : len(tokens)] = row.draft_probs[w, : len(tokens)]
+    packed, _, _ = round_rule(True, True, False, width, staging.inputs, logits, seen, given, None)
+    return [chain_verdict(packed[rows[0]].numpy(), row, width) for row, rows in zip(asks, chains, strict=True)]
+
+
+def tree_eager_verdicts(asks: list[RoundAsk], chains: list[list[int]], logits: torch.Tensor) -> list:
+    """decide_rows on the same logits, each row's as a pass arranges them: [W, K+1, V], zeros past a candidate's end."""
+    arranged = []
+    for row, rows in zip(asks, chains, strict=True):
+        depth = max(map(len, row.candidates))
+        found = torch.zeros(len(rows), depth + 1, VOCAB)
+        for w, (tokens, r) in enumerate(zip(row.candidates, rows, strict=True)):
+            found[w, : len(tokens) + 1] = logits[r, : len(tokens) + 1]
+        arranged.append(found)
+    return decide_rows(asks, arranged)
+
+
+def test_the_round_programs_verdict_on_rows_of_several_candidates_is_the_eager_rules() -> None:
+    """Rows of two and three candidates, greedy and sampled, of different lengths, beside a row of one in one group:
+    each row's verdict from the program (decide_trees, read back by chain_verdict) equals decide_rows' on the same
+    logits, every candidate's trace, the path, the accepted count, the next token and its p, and the views along the
+    path with the residual after the candidates tried where it stopped. The greedy row stops where its shorter first
+    candidate ended and its longer one was rejected; the beams' path is a later candidate. Planted: each row's draws
+    laid out at the program's W instead of its own (chain_round._tree_uniforms); the views' residual after the path's
+    candidate alone (chain_round._tree_residual)."""
+    asks, chains = tree_rows()
+    logits = tree_logits(asks, chains)
+    program, eager = tree_program_verdicts(asks, chains, logits), tree_eager_verdicts(asks, chains, logits)
+    assert all(isinstance(verdict, RowVerdict) for verdict in eager), eager
+    for r, (mine, theirs) in enumerate(zip(program, eager, strict=True)):
+        assert_same(mine, theirs, f"row {r}")
+    greedy, beams, both = eager[0], eager[1], eager[2]
+    assert (greedy.path, greedy.num_accepted) == (0, 2) and greedy.candidates[1].tested == [False, False, True, False]
+    assert [c.tested for c in both.candidates] == [[True, True], [False, True, False]] and both.num_accepted == 1
+    assert both.views[-1].residual  # the residual after both candidates tried where the path stopped
+    assert beams.path > 0 and beams.candidates[0].tested[0] and not beams.candidates[0].accepted[0]

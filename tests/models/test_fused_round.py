@@ -66,9 +66,9 @@ def decode(
     monkeypatch.setenv(fusion.FUSED_VARIABLE, "1" if fused else "0")
     packed: list[np.ndarray] = []
 
-    def read(row: np.ndarray, ask: RoundAsk) -> RowVerdict | Overflowed:
+    def read(row: np.ndarray, ask: RoundAsk, width: int) -> RowVerdict | Overflowed:
         packed.append(row.copy())
-        return chain_verdict(row, ask)
+        return chain_verdict(row, ask, width)
 
     decoder = BatchDecoder(target, drafter or NoDrafter(), EOS)
     for row, sampling in enumerate(settings):
@@ -102,7 +102,7 @@ def test_fused_greedy_rounds_read_back_the_unfused_tokens(gpu_path: pytest.Monke
         for eager, fused in zip(eager_packed, fused_packed, strict=True):
             assert np.array_equal(token_columns(fused), token_columns(eager))
             assert np.array_equal(fused, eager)
-    assert {("pass", (), 256), ("rule", (), False, False, False, True, False)} <= {
+    assert {("pass", (), 256), ("rule", (), False, False, False, True, False, 1)} <= {
         mode for mode, _ in fusion.compiles(target)
     }
 

@@ -292,3 +292,25 @@ def test_a_recurrent_round_waits_twice_whatever_its_depth(gpu_path: Counted, sam
                 rounds.append((waits, ops))
         found[depth] = max(rounds)
     assert found[4] == found[12] and found[4][0] <= 2, found
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SAMPLED], ids=["greedy", "sampled"])
+def test_a_recurrent_round_of_three_candidates_waits_twice(gpu_path: Counted, sampling: SamplingConfig) -> None:
+    """The recurrent head at W = 3, K = 4: each beam is a chain row of its row's group and the round program decides
+    them together (core/chain_round.decide_trees), so a round waits for the drafts and for the round, as at W = 1, and
+    launches at most 12 ops greedy and 30 sampled (the beams' q written into the program's input, one copy each).
+    Planted: rows of several candidates sent to the eager rule (FixedShapeModel.in_program refusing them: 42 waits and
+    643 ops a round greedy, 69 and 734 sampled)."""
+    target = tiny_model(1)
+    decoder = BatchDecoder(target, tiny_drafter("recurrent", None, tiny_recurrent_head(target, 3)), EOS)
+    decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(4, max_new_tokens=20, num_candidates=3))
+    decoder.step()
+    rounds = []
+    while decoder.rows:
+        captures = StandIn.captures
+        waits, ops, outcomes = gpu_path.round(decoder)
+        if StandIn.captures == captures:  # a round that made a program pays for it once
+            rounds.append((waits, ops, len(outcomes[0][1].draft_token_ids)))
+    assert max(drafted for _, _, drafted in rounds) == 4, rounds  # the beams were drafted and verified
+    assert max(waits for waits, _, _ in rounds) <= 2, rounds
+    assert max(ops for _, ops, _ in rounds) <= (12 if sampling.is_greedy else 30), rounds
