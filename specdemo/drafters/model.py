@@ -1,4 +1,5 @@
-"""A draft model: a smaller model sharing the target's tokenizer, sampling W beams per row through a tree KV cache."""
+"""A draft model: a smaller model sharing the target's tokenizer, sampling W beams per row through a tree KV cache, or
+on fixed-shape passes as one program a round (drafters/model_steps.py)."""
 
 # R = rows asking for drafts, W = num_candidates, K = num_draft_tokens, V = vocab_size
 
@@ -14,12 +15,15 @@ from specdemo.core.coupled import coupled_choice, coupled_top, row_noise
 from specdemo.core.sampling import build_warpers, logits_to_probs, uniforms_from
 from specdemo.core.verify import choose_draft_tokens
 from specdemo.drafters.base import Draft, DraftRequest
+from specdemo.drafters.model_steps import ModelSteps
+from specdemo.models.passes import uses_fixed_shape
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel
 
 
 class ModelDrafter:
     """A smaller model sharing the target's tokenizer. Each step feeds every row's W beams in one pass (a tree on the
-    row's cache) and samples each beam's next token from its own draw: W i.i.d. drafts, q recorded per token."""
+    row's cache) and samples each beam's next token from its own draw: W i.i.d. drafts, q recorded per token. On
+    fixed-shape passes, the K steps of the rows without a repetition penalty are one program (ModelSteps)."""
 
     def __init__(self, model: PreTrainedModel, sampling: SamplingConfig | None, vocab_size: int) -> None:
         self.cached = TreeCachedModel(model)
@@ -29,6 +33,7 @@ class ModelDrafter:
         own = (getattr(model.config, "pad_token_id", None), getattr(model.config, "eos_token_id", None))
         self.stand_in = next((i for i in own if isinstance(i, int) and 0 <= i < self.readable), 0)  # read in place of
         # an id past them (a larger target's padding rows)
+        self.steps: ModelSteps | None = None  # made at the first round on fixed-shape passes
 
     def readable_ids(self, token_ids: list[int]) -> list[int]:
         """The sequence as the draft reads it: an id it has no embedding row for becomes its stand-in (q stays what
@@ -37,8 +42,26 @@ class ModelDrafter:
 
     def forget(self, key: Hashable) -> None:
         self.cached.drop(key)
+        if self.steps is not None:
+            self.steps.forget(key)
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        """Every row's draft: on fixed-shape passes, the K steps of the rows that draft in one program a group
+        (ModelSteps); on tree passes, a pass a step for all rows."""
+        if not uses_fixed_shape(self.cached.device):
+            return self._tree_steps(requests)
+        drafting = [r for r in requests if r.num_draft_tokens]
+        if not drafting:
+            return [Draft([[] for _ in range(r.num_candidates)], None) for r in requests]
+        self.steps = self.steps or ModelSteps(self.cached.model, self.vocab_size)
+        samplings = [self.sampling or r.sampling for r in drafting]
+        drafts = iter(self.steps.propose(drafting, samplings, [self.readable_ids(r.sequence_ids) for r in drafting]))
+        return [
+            next(drafts) if r.num_draft_tokens else Draft([[] for _ in range(r.num_candidates)], None) for r in requests
+        ]
+
+    def _tree_steps(self, requests: list[DraftRequest]) -> list[Draft]:
+        """The rows' K steps in tree passes on the rows' caches, a pass a step for all rows."""
         beams = [[[] for _ in range(r.num_candidates)] for r in requests]  # per row, W lists of drafted tokens
         probs: list[list[torch.Tensor]] = [[] for _ in requests]  # per row, K x [W, V]
         forward_before = self.cached.forward_seconds

@@ -82,6 +82,8 @@ class _Chain:
     start: int = 0  # slots 0..start - 1 hold the row's sequence as it was then (a row's sequence only grows)
     tail: list[int] = field(default_factory=list)  # the tokens at slots start.., fed since: drafts may be rejected
     seen_valid: bool = False  # the group's seen row holds this chain's sequence (kept by rounds with a penalty)
+    seen_length: int = 0  # how many of the sequence's first tokens the group's seen row holds, where a draft model's
+    # steps keep it (drafters/model_steps.py)
 
     def common(self, trunk: list[int], known: int) -> int:
         """How many of trunk's first `known` tokens the chain holds: O(tokens fed since), not O(sequence)."""
@@ -277,7 +279,7 @@ class FixedShapeModel(CachedModel):
 
     def _prepare(self, key: Hashable, request: RowRequest) -> int:
         """The row's chains (one per candidate) each hold its sequence but the last token; returns the tokens read."""
-        assert request.logits_for == "all", "fixed-shape passes verify; a draft model's steps use tree passes"
+        assert request.logits_for == "all", "fixed-shape passes give every position's logits"
         trunk = request.trunk_ids
         assert all(len(b) < PASS_COLUMNS for b in request.branch_ids), (
             f"candidates of at most {PASS_COLUMNS - 1} tokens, got {list(map(len, request.branch_ids))}"
@@ -301,6 +303,32 @@ class FixedShapeModel(CachedModel):
                 best.group.copy(best.local, chain.group, chain.local, common, known)
                 chain.start, chain.tail, chain.seen_valid = known, [], False
         return read
+
+    def hold(self, key: Hashable, trunk: list[int], width: int, depth: int) -> list[tuple[_Chain, int]]:
+        """The row's first `width` chains, each holding all of trunk but the tokens from the slot returned with it on:
+        at most PASS_COLUMNS tokens, its last one included, for a program's first pass to feed (a draft model's
+        steps, drafters/model_steps.py). A row that lacks more (its prompt) reads them in a pass of its own first,
+        and a chain that lacks more is copied from the row's fullest one. Its bucket holds depth more tokens."""
+        needed = len(trunk) + depth
+        row = self.rows.get(key)
+        if row is None or needed >= row.slots:  # new, or past its bucket
+            if row is not None:
+                self._release(row)
+            row = self.rows[key] = _Row([self._take(slot_bucket(needed))])
+        while len(row.chains) < width:
+            row.chains.append(self._take(row.slots))
+        chains, known = row.chains[:width], len(trunk) - 1
+        held = [chain.common(trunk, known) for chain in chains]
+        best = chains[held.index(max(held))]
+        if len(trunk) - max(held) > PASS_COLUMNS:
+            self._read(best, trunk, max(held), known)
+            held[chains.index(best)] = known
+        top = max(held)
+        for w, chain in enumerate(chains):
+            if len(trunk) - held[w] > PASS_COLUMNS:
+                best.group.copy(best.local, chain.group, chain.local, held[w], top)
+                chain.start, chain.tail, held[w] = top, [], top
+        return list(zip(chains, held, strict=True))
 
     def _read(self, chain: _Chain, trunk: list[int], start: int, known: int) -> None:
         """Tokens the chain does not hold yet, read in one pass of their own: [1, m], its shape set by them alone."""

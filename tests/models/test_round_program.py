@@ -314,3 +314,34 @@ def test_a_recurrent_round_of_three_candidates_waits_twice(gpu_path: Counted, sa
     assert max(drafted for _, _, drafted in rounds) == 4, rounds  # the beams were drafted and verified
     assert max(waits for waits, _, _ in rounds) <= 2, rounds
     assert max(ops for _, ops, _ in rounds) <= (12 if sampling.is_greedy else 30), rounds
+
+
+DRAFT_MODEL_SETTINGS = {"greedy": SamplingConfig(), "sampled": SAMPLED, "coupled": COUPLED}
+
+
+@pytest.mark.parametrize("rule", list(DRAFT_MODEL_SETTINGS))
+def test_a_draft_model_round_waits_twice_and_launches_a_few_ops_more(gpu_path: Counted, rule: str) -> None:
+    """The draft-model pair at K = 4, greedy, and sampled and coupled with top-p and a repetition penalty: the draft
+    model's K steps are one program a group (drafters/model_steps.py), so a round waits twice (the drafts' read-back,
+    the round) and launches at most 10 ops more than a target-only round (3 more greedy: the draft's input copy,
+    replay and read-back; 6 coupled: q kept and copied into the round too; 8 sampled: the row's uniforms drawn and
+    copied in too). Planted: the draft's programs run eagerly (ModelSteps.captured False: up to 284 ops a round
+    greedy, 444 sampled, 637 coupled); the steps as tree passes, as before (5 waits and 373 ops greedy, 5 and 420
+    sampled, 6 and 614 coupled)."""
+    target, draft = tiny_model(1), tiny_model(2, num_layers=1)
+    sampling = DRAFT_MODEL_SETTINGS[rule]
+    alone = BatchDecoder(target, NoDrafter(), EOS)
+    alone.add(0, PROMPTS[0], sampling, SpeculativeConfig(max_new_tokens=6))
+    target_ops = max(ops for _, ops, _ in steady_rounds(gpu_path, alone))
+    decoder = BatchDecoder(target, tiny_drafter("model", draft, None), EOS)
+    decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(4, max_new_tokens=30))
+    decoder.step()
+    rounds = []
+    while decoder.rows:
+        captures = StandIn.captures
+        waits, ops, _ = gpu_path.round(decoder)
+        if StandIn.captures == captures:  # a round that made a program pays for it once
+            rounds.append((waits, ops))
+    assert len(rounds) >= 3, rounds
+    assert max(waits for waits, _ in rounds) <= 2, rounds
+    assert max(ops for _, ops in rounds) <= target_ops + 10, (target_ops, rounds)
