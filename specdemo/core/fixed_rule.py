@@ -105,6 +105,18 @@ class RowSettings:
             ),
         )
 
+    @classmethod
+    def from_columns(cls, column: dict[str, torch.Tensor]) -> RowSettings:
+        """The settings a program reads from its input buffer's named float64 columns (each [R])."""
+        return cls(
+            greedy=column["greedy"].bool(),
+            temperature=column["temperature"].float(),
+            top_k=column["top_k"].long(),
+            top_p_drop=column["top_p_drop"].float(),
+            top_p_on=column["top_p_on"].bool(),
+            penalty=column["penalty"].float(),
+        )
+
     def copy_into(self, other: RowSettings) -> None:
         """Write these values into `other`'s tensors in place: a captured graph reads the tensors it was captured
         with."""

@@ -196,14 +196,7 @@ class ModelSteps:
         last, beam, seeds = column["last"].long(), column["beam"].long(), column["seed"].long()
         real = inputs[:, 3 * n] > 0  # [R] a chain of some row
         position = inputs[:, n].long() + last + 1  # [R] the first drafted token's
-        settings = RowSettings(
-            greedy=column["greedy"].bool(),
-            temperature=column["temperature"].float(),
-            top_k=column["top_k"].long(),
-            top_p_drop=column["top_p_drop"].float(),
-            top_p_on=column["top_p_on"].bool(),
-            penalty=column["penalty"].float(),
-        )
+        settings = RowSettings.from_columns(column)
         seen = None
         if penalty and group.seen is not None:
             ids = torch.arange(group.seen.shape[-1], device=inputs.device)  # [V']

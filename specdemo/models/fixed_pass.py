@@ -3,7 +3,8 @@ and the host's side of a round: the input buffer's layout, how a row's inputs ar
 wait (models/fixed_shape.py drives them)."""
 
 # R = PASS_ROWS chains per pass, n = PASS_COLUMNS tokens per chain, L = a group's slots, V = vocab_size,
-# H = hidden size, Hkv = key-value heads, d = head size, K = drafted tokens, m = tokens read
+# H = hidden size, F = the hidden features kept (layers x H), Hkv = key-value heads, d = head size, K = drafted
+# tokens, m = tokens read
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class PassRunner:
 
     def chain_pass(self, group: Group, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The pass of a group's programs over the chains in `inputs` ([R, >= 4n] float64), compiled where fusion is on
-        (models/fusion.py): [R, n, V] logits and [R, n, L*H] hidden states or None. A compiled pass takes the group's
+        (models/fusion.py): [R, n, V] logits and [R, n, F] hidden states or None. A compiled pass takes the group's
         tables as tensors, so an eager pass that writes only the scratch slot makes them where none are yet."""
         model = self.live_model()
         function = functools.partial(program_pass, self.constants)
@@ -89,7 +90,7 @@ class PassRunner:
         return run(model, _Tables(group.keys, group.values, group.slots), inputs[:, : 4 * PASS_COLUMNS].contiguous())
 
     def group_pass(self, group: Group, inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [R, 4n] float64
-        """A whole group's pass from its input buffer: [R, n, V] logits (and [R, n, L*H] hidden states)."""
+        """A whole group's pass from its input buffer: [R, n, V] logits (and [R, n, F] hidden states)."""
         logits, hidden = self.chain_pass(group, inputs)
         return (logits,) if hidden is None else (logits, hidden)
 
@@ -105,7 +106,7 @@ class PassRunner:
         width: int = 1,  # the most candidates of a row (write_tree's rows where > 1)
     ) -> tuple[torch.Tensor, ...]:
         """A whole group's round: the pass, then the rule (round_rule), each compiled where fusion is on; [R, P] packed
-        (and [R, L*H] hidden states where the next round's logits were read). The group's seen rows follow the emitted
+        (and [R, F] hidden states where the next round's logits were read). The group's seen rows follow the emitted
         tokens when a row has a penalty."""
         logits, hidden = self.chain_pass(group, inputs)
         model = self.live_model()
@@ -138,7 +139,7 @@ def table_pass(
     write_slots: torch.Tensor,  # [r, m]
     real: torch.Tensor,  # [r, m] bool: False for padding
     logits_to_keep: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # [r, logits_to_keep, V], [r, logits_to_keep, L*H] or None
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [r, logits_to_keep, V], [r, logits_to_keep, F] or None
     """The model's pass over rows first.. of the tables: their keys and values written at `write_slots`."""
     layer_kinds, sliding_window, hidden_layers = constants
     slots = torch.arange(tables.slots, device=tokens.device)  # [L]
@@ -169,7 +170,7 @@ def program_pass(
     model: PreTrainedModel,
     tables: _Tables,
     inputs: torch.Tensor,  # [R, >= 4n] float64
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # [R, n, V], [R, n, L*H] or None
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [R, n, V], [R, n, F] or None
     """A group's pass from a program's input buffer: every chain row, every column."""
     ids, positions, slots, real = pass_inputs(inputs)
     return table_pass(constants, model, tables, 0, ids.clamp(min=0), positions, slots, real, PASS_COLUMNS)
@@ -184,20 +185,13 @@ def round_rule(
     logits: torch.Tensor,  # [R, n, V] the pass's
     seen: torch.Tensor | None,  # [R, V] bool where a row has a penalty
     draft_probs: torch.Tensor | None,  # [R, K, V] where a row sampled its draft
-    hidden: torch.Tensor | None,  # [R, n, L*H] the pass's kept hidden states
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # [R, P], [R, V] seen after, [R, L*H]
+    hidden: torch.Tensor | None,  # [R, n, F] the pass's kept hidden states
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # [R, P], [R, V] seen after, [R, F]
     """A round's rule from the pass (core/chain_round.py) for the rows' settings and rules in the input buffer (a
     coupled row's noise from its seed and positions); the hidden states where the next round's logits were read (a
     row of several candidates: its path's chain row)."""
     column = dict(zip(ROW_COLUMNS, inputs[:, 4 * PASS_COLUMNS :].unbind(1), strict=True))  # each [R]
-    settings = RowSettings(
-        greedy=column["greedy"].bool(),
-        temperature=column["temperature"].float(),
-        top_k=column["top_k"].long(),
-        top_p_drop=column["top_p_drop"].float(),
-        top_p_on=column["top_p_on"].bool(),
-        penalty=column["penalty"].float(),
-    )
+    settings = RowSettings.from_columns(column)
     decided = (
         logits,
         inputs[:, :PASS_COLUMNS].long(),
