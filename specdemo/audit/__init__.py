@@ -1,7 +1,7 @@
 """The lossless audit: planted bugs, the statistics, and the toy and model audits."""
 
 from specdemo.audit.bugs import BUGS, COUPLED_BUGS, RULE_BUGS, batch_noise, noise_for, planted_rule, verifier
-from specdemo.audit.model import MODEL_BATCH_ROWS, ModelAudit, audit_draws, model_audit, until_stopped
+from specdemo.audit.model import MODEL_BATCH_ROWS, ModelAudit, audit_draws, model_audit
 from specdemo.audit.statistics import chi_square_pvalue, tv_distance
 from specdemo.audit.toy import TOY_PRESETS, ToyAudit, coupled_toy_audit, parse_weights, toy_audit
 
@@ -23,6 +23,5 @@ __all__ = [
     "planted_rule",
     "toy_audit",
     "tv_distance",
-    "until_stopped",
     "verifier",
 ]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Generator, Sequence
-from contextlib import AbstractContextManager, closing, nullcontext
+from collections.abc import Generator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -24,7 +24,7 @@ from specdemo.audit.statistics import (
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rules import Rule
 from specdemo.drafters.base import Drafter, NoDrafter
-from specdemo.engine.scheduler import DecodeRequest, Scheduler
+from specdemo.engine.scheduler import DecodeRequest, RowStream, Scheduler
 
 MODEL_BATCH_ROWS = 64  # samples decoded together; rows of one prompt read it once (TreeCachedModel)
 ROUND_INTERVAL_SECONDS = 0.5 / MODEL_BATCH_ROWS  # a full batch's rounds arrive at most every half second
@@ -55,38 +55,17 @@ def model_audit(
     num_tokens: int,  # drawn per sample
     num_samples: int,
     bug: str = "none",
-    on_progress: Callable[[float], None] = lambda done: None,  # the share of samples drawn
-    should_stop: Callable[[], bool] = lambda: False,  # asked as rounds arrive: InterruptedError when it says so
     lock: AbstractContextManager | None = None,  # held for each round's passes
 ) -> ModelAudit:
-    """audit_draws drawn to its end: `on_progress` gets the share of samples drawn as rounds arrive."""
-    steps = until_stopped(
-        audit_draws(
-            target, drafter, eos_token_ids, prompt_ids, sampling, speculative, num_tokens, num_samples, bug, lock
-        ),
-        should_stop,
+    """audit_draws drawn to its end."""
+    draws = audit_draws(
+        target, drafter, eos_token_ids, prompt_ids, sampling, speculative, num_tokens, num_samples, bug, lock
     )
     while True:
         try:
-            on_progress(next(steps))
+            next(draws)
         except StopIteration as done:
             return done.value
-
-
-def until_stopped(
-    steps: Generator[float, None, ModelAudit], should_stop: Callable[[], bool]
-) -> Generator[float, None, ModelAudit]:
-    """The audit's steps until `should_stop` says so (asked at each), then InterruptedError; its rows leave then, or
-    when this generator is closed, at their next round."""
-    with closing(steps):
-        while True:
-            try:
-                share = next(steps)
-            except StopIteration as done:
-                return done.value
-            if should_stop():
-                raise InterruptedError("The audit was stopped before it drew all its samples.")
-            yield share
 
 
 def audit_draws(
@@ -100,7 +79,8 @@ def audit_draws(
     num_samples: int,
     bug: str = "none",
     lock: AbstractContextManager | None = None,  # held for each round's passes
-    stop: threading.Event | None = None,  # set: the audit's rows leave at their next round (its steps then end)
+    stop: threading.Event | None = None,  # set: the audit's rows leave at their next round: InterruptedError
+    deadline: float = math.inf,  # time.monotonic() past which its rows leave: InterruptedError
 ) -> Generator[float, None, ModelAudit]:
     """The prompt's first `num_tokens` tokens, drawn num_samples times speculatively (the bug planted in the rule)
     and num_samples times with the target alone, with seeds sampling.seed + i; the two samples' sequences compared
@@ -117,14 +97,10 @@ def audit_draws(
     texts: list[list[tuple[int, ...]]] = []
     for side, (scheduler, side_sampling, seed_block) in enumerate(sides):
         seeds = [sampling.seed + seed_block * num_samples + i for i in range(num_samples)]
-        drawn = _drawn(scheduler, prompt_ids, side_sampling, speculative, seeds, num_tokens, stop)
-        while True:
-            try:
-                finished = next(drawn)
-            except StopIteration as done:
-                texts.append(done.value)
-                break
-            yield (side * num_samples + finished) / (len(sides) * num_samples)
+        requests = [DecodeRequest(list(prompt_ids), replace(side_sampling, seed=seed), speculative) for seed in seeds]
+        stream = scheduler.submit(requests, deadline, stop)
+        drawn = yield from _drawn(scheduler, stream, num_tokens, side * num_samples, len(sides) * num_samples)
+        texts.append(drawn)
     audit = _compare([Counter(texts[0]), Counter(texts[1])], num_samples, num_tokens)
     if len(texts) == 2:
         return audit
@@ -172,20 +148,13 @@ def _sides(
 
 
 def _drawn(
-    scheduler: Scheduler,
-    prompt_ids: Sequence[int],
-    sampling: SamplingConfig,
-    speculative: SpeculativeConfig,
-    seeds: list[int],
-    num_tokens: int,
-    stop: threading.Event | None,
-) -> Generator[int, None, list[tuple[int, ...]]]:
-    """One side's samples: each seed's first `num_tokens` tokens (a row leaves once it has them); yields how many
-    seeds have them as rounds arrive. Closed early, its rows leave at their next round."""
+    scheduler: Scheduler, stream: RowStream, num_tokens: int, before: int, total: int
+) -> Generator[float, None, list[tuple[int, ...]]]:
+    """One side's samples: each row's first `num_tokens` tokens (a row leaves once it has them); yields the share of
+    the audit's `total` samples drawn (`before` drawn by earlier sides) as rounds arrive. Closed early, its rows leave
+    at their next round; stopped or past its deadline, InterruptedError."""
     eos_token_ids = scheduler.decoder.eos_token_ids
-    requests = [DecodeRequest(list(prompt_ids), replace(sampling, seed=seed), speculative) for seed in seeds]
-    stream = scheduler.submit(requests, deadline=math.inf, stop=stop)
-    tokens: list[list[int]] = [[] for _ in seeds]
+    tokens: list[list[int]] = [[] for _ in stream.keys]
     finished: set[int] = set()
     for batch in stream.batches(ROUND_INTERVAL_SECONDS):
         for index, round_ in batch:
@@ -193,8 +162,8 @@ def _drawn(
             if index not in finished and (len(tokens[index]) >= num_tokens or tokens[index][-1] in eos_token_ids):
                 finished.add(index)
                 scheduler.cancel(stream.keys[index])  # it has what the audit keeps
-        yield len(finished)
-    if stop is not None and stop.is_set():  # the rows left with fewer tokens than the audit keeps
+        yield (before + len(finished)) / total
+    if len(finished) < len(tokens):  # stopped, or out of time: the rows left with fewer tokens than the audit keeps
         raise InterruptedError("The audit was stopped before it drew all its samples.")
     return [tuple(t[:num_tokens]) for t in tokens]
 

@@ -29,7 +29,6 @@ from specdemo.audit import (
     audit_draws,
     parse_weights,
     toy_audit,
-    until_stopped,
 )
 from specdemo.config import (
     MAX_NUM_CANDIDATES,
@@ -362,12 +361,11 @@ def run_model_audit(
         bug=request.bug,
         lock=server.models_lock,
         stop=stop,
+        deadline=deadline,
     )
     started = time.perf_counter()
     try:
-        result = yield from drawing(
-            until_stopped(steps, lambda: stop.is_set() or time.monotonic() >= deadline), progress
-        )
+        result = yield from drawing(steps, progress)
     except Exception as error:
         if not stop.is_set():  # stopped: the page keeps what it shows
             yield from failed(error, isinstance(error, InterruptedError) and time.monotonic() >= deadline, budget)
