@@ -54,9 +54,11 @@ HEAD_COLUMNS = 5  # accepted, next token, its p, the first column of non-finite 
 def packed_columns(num_columns: int, width: int = 1) -> int:
     """Columns of a packed row for passes of n = num_columns and rows of up to `width` candidates: the head and 4K per
     candidate for the rule, n positions of views and n of the coupled rule's choices; with W > 1 then the path and
-    2K per candidate (tested, accepted), which one candidate's accepted count implies."""
+    2K per candidate (tested, accepted), which one candidate's accepted count implies; last, K per candidate: the
+    drafted ids (the host reads a draft still on the device there, core/verdicts.DeviceIds)."""
     tree = 1 + 2 * (num_columns - 1) * width if width > 1 else 0
-    return HEAD_COLUMNS + 4 * (num_columns - 1) * width + num_columns * (VIEW_COLUMNS + CHOICE_COLUMNS) + tree
+    ids = (num_columns - 1) * width
+    return HEAD_COLUMNS + 4 * (num_columns - 1) * width + num_columns * (VIEW_COLUMNS + CHOICE_COLUMNS) + tree + ids
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ class Layout:
         """The layout of a packed row of `num_packed` columns (packed_columns solved for K)."""
         per_position = VIEW_COLUMNS + CHOICE_COLUMNS
         tree = (1, 2 * width) if width > 1 else (0, 0)
-        return cls((num_packed - HEAD_COLUMNS - per_position - tree[0]) // (4 * width + per_position + tree[1]), width)
+        per_draft = 4 * width + per_position + tree[1] + width
+        return cls((num_packed - HEAD_COLUMNS - per_position - tree[0]) // per_draft, width)
 
     def trace(self, part: int, candidate: int) -> int:
         """The first column of part (p(d), q(d), min(1, p/q), draws; then tested, accepted) of a candidate's trace."""
@@ -90,6 +93,11 @@ class Layout:
     @property
     def path(self) -> int:
         return self.choices + (self.num_draft + 1) * CHOICE_COLUMNS
+
+    @property
+    def ids(self) -> int:
+        """The first column of the drafted ids, K per candidate."""
+        return self.path + (1 + 2 * self.num_draft * self.width if self.width > 1 else 0)
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,8 @@ def decide_chains(
             made = (coupled.noise, draft_ids, verdict.choices, draft_probs is not None)
             parts.append(_choice_entries(target_probs, draft_one_hot, *made))
     packed = torch.cat(parts, 1)
-    packed = pad(packed, (0, packed_columns(num_columns) - packed.shape[1]))  # [R, P] zeros where nothing is shown
+    packed = pad(packed, (0, Layout(num_draft, 1).ids - packed.shape[1]))  # zeros where nothing is shown
+    packed = torch.cat([packed, draft_ids.double()], 1)  # [R, P]
     seen_after = None
     if seen is not None and seen_at is not None:
         emitted = select_positions(seen_at, accepted) | one_hot(next_ids, vocab_size).bool()
@@ -232,7 +241,7 @@ def decide_trees(
         entries = _view_entries(path_p, pad(tree_q[rows, path], (0, 0, 0, 1)), residual, marked)
         parts[1] = pad(entries, (0, num_columns * CHOICE_COLUMNS))
     parts += [path[:, None].double(), *(table.double().flatten(1) for table in (verdict.tested, verdict.accepted))]
-    packed = torch.cat(parts, 1)  # [R, P]
+    packed = torch.cat([*parts, tree_ids.double().flatten(1)], 1)  # [R, P]
     path_chain = trees.chains.gather(1, path[:, None])[:, 0]  # [R]
     seen_after = None
     if seen is not None and seen_at is not None:
@@ -399,6 +408,17 @@ def chain_verdict(
         views=views,
         choices=choices,
     )
+
+
+def drafted_ids(
+    packed: np.ndarray,  # [P] float64: one row
+    width: int,  # W of the program that packed it
+    lengths: list[int],  # each candidate's
+) -> list[list[int]]:
+    """The row's candidates' ids as the round read them (a draft still on the device: core/verdicts.DeviceIds)."""
+    layout = Layout.of(packed.shape[0], width)
+    first = layout.ids
+    return [packed[first + w * layout.num_draft :][:k].astype(np.int64).tolist() for w, k in enumerate(lengths)]
 
 
 def _trace(packed: np.ndarray, layout: Layout, ask: RoundAsk, num_accepted: int) -> list[CandidateTrace]:

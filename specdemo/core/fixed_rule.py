@@ -19,6 +19,8 @@ DRAWS_PER_ROUND = (MAX_NUM_DRAFT_TOKENS + 1) * MAX_NUM_CANDIDATES  # a round's b
 GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # splitmix64's constants as the signed int64 values with the same bits
 MIX_1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 MIX_2 = 0x94D049BB133111EB - (1 << 64)
+DRAFT_SALT = 0x6A09E667F3BCC909  # keeps a sampling drafter's draws apart from the rule's stream of the same seed
+DRAFT_DRAWS = MAX_NUM_DRAFT_TOKENS * MAX_NUM_CANDIDATES  # a round's block of a drafter's stream: W beams of K tokens
 
 
 # --- uniforms: splitmix64 by counter ---------------------------------------------------------------------------------
@@ -60,6 +62,20 @@ def round_uniforms(
     tests = counter_uniforms(seeds, counters, num_tests)  # [R, num_tests]
     final = counter_uniforms(seeds, counters + (DRAWS_PER_ROUND - 1), 1)  # [R, 1]
     return torch.cat([tests, final], dim=1)
+
+
+def draft_uniforms(
+    seeds: torch.Tensor,  # [R] int64: each row's stream seed
+    starts: torch.Tensor,  # [R] int64: the position of the round's first drafted token (the row's length)
+    beams: torch.Tensor,  # [R] int64: the beam each row's draws are for
+    depth: int,  # K
+) -> torch.Tensor:  # [R, K] float64 in [0, 1)
+    """A sampling drafter's draws for beam w of a round, the same on every path (tree passes, a captured program):
+    draws w * MAX_NUM_DRAFT_TOKENS .. + K - 1 of the round's block of the row's drafting stream (its seed salted apart
+    from the rule's), the block set by the round's first position. A row's length grows every round, so no draw is
+    used twice, and a draw never meets the rule's."""
+    counters = starts * DRAFT_DRAWS + beams * MAX_NUM_DRAFT_TOKENS  # [R]
+    return counter_uniforms(seeds ^ DRAFT_SALT, counters, depth)
 
 
 def row_round_uniforms(seed: int, counter: int, num_tests: int) -> np.ndarray:  # [num_tests + 1] float64

@@ -5,7 +5,7 @@ what describes a kind of drafter (DrafterKind): its options, and how to build on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,7 +41,8 @@ class DraftRequest:
 class Draft:
     """A row's W candidates and q, the exact distributions their tokens were drawn from (after every filter)."""
 
-    token_ids: list[list[int]]  # W candidates of at most K tokens; W may be 0 when there is nothing to propose
+    token_ids: Sequence[list[int]]  # W candidates of at most K tokens; W may be 0 when there is nothing to propose;
+    # core/verdicts.DeviceIds where a captured program drafted them and the round program reads them on the device
     probs: torch.Tensor | None  # [W, K, V] float32 (V the target's); None: deterministic, q one-hot on the tokens
     forward_seconds: float = 0.0  # time in the drafter's forward passes, shared by the rows drafted together
     plan: Plan | None = None  # how much a cost-aware drafter chose to draft, and what it expected of it

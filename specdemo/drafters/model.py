@@ -12,7 +12,8 @@ from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig
 from specdemo.core.coupled import coupled_choice, coupled_top, row_noise
-from specdemo.core.sampling import build_warpers, logits_to_probs, uniforms_from
+from specdemo.core.fixed_rule import draft_uniforms
+from specdemo.core.sampling import build_warpers, logits_to_probs
 from specdemo.core.verify import choose_draft_tokens
 from specdemo.drafters.base import Draft, DraftRequest
 from specdemo.drafters.model_steps import ModelSteps
@@ -68,6 +69,7 @@ class ModelDrafter:
         samplings = [self.sampling or r.sampling for r in requests]
         sequences = [self.readable_ids(r.sequence_ids) for r in requests]
         warpers = [build_warpers(sampling) for sampling in samplings]  # once per row, not per step
+        drawn = [_draws(r, self.cached.device) for r in requests]  # [W, K] each: the rows' drafting draws
         for step in range(max((r.num_draft_tokens for r in requests), default=0)):
             drafting = [i for i, r in enumerate(requests) if step < r.num_draft_tokens]
             logits = self.cached.logits(
@@ -75,7 +77,6 @@ class ModelDrafter:
             )  # per row [W, V] after each beam (or [1, V] after the sequence at the first step)
             step_probs, uniforms = [], []
             for i, row_logits in zip(drafting, logits, strict=True):
-                request = requests[i]
                 contexts = torch.tensor([sequences[i] + beam for beam in beams[i]], device=row_logits.device)
                 row_probs = logits_to_probs(  # [W, 1, V_draft] -> [W, V], q = 0 for the target's extra ids
                     row_logits[:, None, : self.vocab_size].expand(len(beams[i]), 1, -1),
@@ -84,7 +85,7 @@ class ModelDrafter:
                     warpers[i],
                 )[:, 0]
                 step_probs.append(torch.nn.functional.pad(row_probs, (0, self.vocab_size - row_probs.shape[-1])))
-                uniforms.append(uniforms_from(request.generator, (len(beams[i]),), row_logits.device))
+                uniforms.append(drawn[i][: len(beams[i]), step].to(row_logits.device))
             tokens = choose_draft_tokens(  # [R, W]: every beam of every row in one vmapped call
                 torch.nn.utils.rnn.pad_sequence(step_probs, batch_first=True, padding_value=1.0),
                 torch.nn.utils.rnn.pad_sequence(uniforms, batch_first=True),
@@ -120,3 +121,12 @@ def _coupled_tokens(request: DraftRequest, step: int, probs: torch.Tensor) -> to
         ids, live = coupled_top(probs[0], noise, probs.shape[0])  # [W] each; the live ones come first
         return ids[live]
     return coupled_choice(probs, noise)
+
+
+def _draws(request: DraftRequest, device: torch.device) -> torch.Tensor:  # [W, K] float64
+    """A row's drafting draws for its round, beam w's at row w (core/fixed_rule.draft_uniforms, as the fixed-shape
+    program draws them)."""
+    width = request.num_candidates
+    seeds = torch.full((width,), request.seed, dtype=torch.int64, device=device)
+    starts = torch.full((width,), len(request.sequence_ids), dtype=torch.int64, device=device)
+    return draft_uniforms(seeds, starts, torch.arange(width, device=device), request.num_draft_tokens)

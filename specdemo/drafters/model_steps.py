@@ -5,12 +5,13 @@ is a chain row of the draft model's own groups (models/fixed_shape.FixedShapeMod
 feeds each chain the tokens it lacks, up to the sequence's last; then each step chooses every chain's token on the
 device from q, the row's draft settings applied in fixed shapes (core/fixed_rule.processed_probs, the repetition
 penalty on the sequence and the beam's tokens so far), and feeds it in a one-token pass: greedy rows take the first
-maximum; sampled rows draw by inverse CDF on the uniforms tree passes draw (W a step from the row's generator, drawn
-on the generator's device before the program and copied in on the device), so a row drafts on either path what it
-drafts on the other; the coupled rule's sampled rows take argmax(log q + G) with the row's noise at the token's
-position (core/coupled.gumbel_noise), their W first tokens distinct by Gumbel-top-k. The host reads the drafted ids
-back once; q [W, K, V] stays on the device for the target's round. Every token is drawn from the q recorded for it, so
-the rule stays exact."""
+maximum; sampled rows draw by inverse CDF on the row's drafting draws (core/fixed_rule.draft_uniforms, computed in the
+program from the row's seed and length, as tree passes compute them), so a row drafts on either path what it drafts on
+the other; the coupled rule's sampled rows take argmax(log q + G) with the row's noise at the token's position
+(core/coupled.gumbel_noise), their W first tokens distinct by Gumbel-top-k. The drafted ids and q stay on the device
+(core/verdicts.DeviceIds), where the target's round program reads them, so the host waits once a round; a coupled row
+of several beams, which may keep fewer, is read back at once. Every token is drawn from the q recorded for it, so the
+rule stays exact."""
 
 # R = PASS_ROWS chain rows of a group, n = PASS_COLUMNS, K = steps, W = beams, V = the target's vocab_size,
 # V' = the draft model's logits
@@ -28,8 +29,8 @@ from transformers import PreTrainedModel
 
 from specdemo.config import SamplingConfig
 from specdemo.core.coupled import coupled_choice, coupled_top, gumbel_noise
-from specdemo.core.fixed_rule import RowSettings, penalised, processed_probs
-from specdemo.core.sampling import uniforms_from
+from specdemo.core.fixed_rule import RowSettings, draft_uniforms, penalised, processed_probs
+from specdemo.core.verdicts import DeviceIds
 from specdemo.drafters.base import Draft, DraftRequest
 from specdemo.models import graphs
 from specdemo.models.fixed_pass import PASS_COLUMNS, Staging
@@ -80,11 +81,6 @@ class ModelSteps:
         chains = self.chains
         with graphs.DEVICE_WORK, chains.lock:
             members: dict[Group, list[Member]] = {}
-            uniforms = {  # [K, W] each, as tree passes draw them: the standard rule's sampled rows' draws
-                i: uniforms_from(r.generator, (r.num_draft_tokens, r.num_candidates), chains.device)
-                for i, (r, s) in enumerate(zip(requests, samplings, strict=True))
-                if not s.is_greedy and not coupled[i]
-            }
             for i, request in enumerate(requests):
                 held = chains.hold(request.key, sequences[i], request.num_candidates, depth)
                 for w, (chain, start) in enumerate(held):
@@ -102,23 +98,53 @@ class ModelSteps:
                     _write_settings(row, samplings[i], coupled[i])
                     if mode[5]:
                         self._fresh(group, chain, sequences[i], row)
-                landed.append((rows, staging, self._replay(group, mode, staging, rows, uniforms)))
-            graphs.wait(chains.device)
+                landed.append((rows, staging, *self._replay(group, mode, staging, rows)))
+            if mode[4] and mode[2] > 1:  # a coupled row may keep fewer beams: the host reads which
+                return self._read(requests, samplings, sequences, landed, depth, started)
             seconds = time.perf_counter() - started
-            chains.forward_seconds += seconds
-            beams: list[list[list[int]]] = [[[] for _ in range(r.num_candidates)] for r in requests]
-            probs: list[list[torch.Tensor | None]] = [[None] * r.num_candidates for r in requests]
-            live: list[list[bool]] = [[True] * r.num_candidates for r in requests]
-            for rows, staging, group_probs in landed:
-                for i, w, chain, start in rows:
-                    packed = staging.read[chain.local]
-                    ids = [int(token) for token in packed[:depth]]
-                    chain.start, chain.tail = start, [*sequences[i][start:], *ids[: depth - 1]]
-                    chain.seen_valid = False
-                    beams[i][w] = ids[: requests[i].num_draft_tokens]
-                    live[i][w] = bool(packed[depth])
-                    if group_probs is not None:
-                        probs[i][w] = group_probs[chain.local, : requests[i].num_draft_tokens]
+            found: dict[int, list] = {i: [] for i in range(len(requests))}  # per row, its beams' chains and outputs
+            for rows, _, drafted, probs in landed:
+                for i, _, chain, start in rows:
+                    found[i].append((chain, start, drafted, probs))
+            greedy = [s.is_greedy for s in samplings]
+            return [
+                self._left_on_device(r, sequences[i], found[i], depth, greedy[i], seconds)
+                for i, r in enumerate(requests)
+            ]
+
+    def _left_on_device(
+        self, request: DraftRequest, sequence: list[int], beams: list, depth: int, greedy: bool, seconds: float
+    ) -> Draft:
+        """A row's draft left on the device for the target's round program (core/verdicts.DeviceIds): its chains hold
+        the tokens fed before the steps until the round reads the drafted ids back, then the steps' too."""
+        count = request.num_draft_tokens
+        ids = _rows_of([drafted for _, _, drafted, _ in beams], [chain.local for chain, _, _, _ in beams], count)
+        drafted = DeviceIds(ids)
+        for w, (chain, start, _, _) in enumerate(beams):
+            chain.start, chain.tail, chain.seen_valid = start, list(sequence[start:]), False
+            drafted.on_known.append(functools.partial(_fed_since, chain, w, min(count, depth - 1)))
+        probs = None if greedy else _rows_of([p for _, _, _, p in beams], [c.local for c, _, _, _ in beams], count)
+        return Draft(drafted, probs, seconds)
+
+    def _read(self, requests, samplings, sequences, landed, depth: int, started: float) -> list[Draft]:
+        """The rows' drafts read back in one wait: which beams are live, and their ids."""
+        graphs.wait(self.chains.device)
+        seconds = time.perf_counter() - started
+        self.chains.forward_seconds += seconds
+        beams: list[list[list[int]]] = [[[] for _ in range(r.num_candidates)] for r in requests]
+        probs: list[list[torch.Tensor | None]] = [[None] * r.num_candidates for r in requests]
+        live: list[list[bool]] = [[True] * r.num_candidates for r in requests]
+        for rows, staging, drafted, group_probs in landed:
+            staging.outputs.copy_(drafted)
+            for i, w, chain, start in rows:
+                packed = staging.read[chain.local]
+                ids = [int(token) for token in packed[:depth]]
+                chain.start, chain.tail = start, [*sequences[i][start:], *ids[: depth - 1]]
+                chain.seen_valid = False
+                beams[i][w] = ids[: requests[i].num_draft_tokens]
+                live[i][w] = bool(packed[depth])
+                if group_probs is not None:
+                    probs[i][w] = group_probs[chain.local, : requests[i].num_draft_tokens]
         return [_draft(beams[i], probs[i], live[i], samplings[i].is_greedy, seconds) for i in range(len(requests))]
 
     def _fresh(self, group: Group, chain: Any, sequence: list[int], row: np.ndarray) -> None:
@@ -135,24 +161,15 @@ class ModelSteps:
         chain.seen_length = len(sequence)
 
     def _replay(
-        self, group: Group, mode: tuple, staging: Staging, rows: list[Member], uniforms: dict[int, torch.Tensor]
-    ) -> torch.Tensor | None:
-        """The group's program queued: inputs in (the rows' uniforms copied on the device, where some row samples),
-        the drafted ids out (asynchronously on CUDA); q, where made, copied on the device (the next replay overwrites
-        the program's own)."""
+        self, group: Group, mode: tuple, staging: Staging, rows: list[Member]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The group's program queued, its inputs copied in: the drafted ids packed, and q where made, on the device
+        (the program's own: the drafter's next round replays it once this round has read them)."""
         captured = self.captured and self.chains.replays_graphs
-        program = group.programs.get((mode, captured))
-        drawn = program.inputs[1:] if program is not None else []
-        if mode[3] and not drawn:  # a new program's: made with this use's
-            drawn = [torch.zeros(PASS_ROWS, mode[1], dtype=torch.float64, device=self.chains.device)]
-        for i, w, chain, _ in rows:
-            if i in uniforms:
-                drawn[0][chain.local, : len(uniforms[i])] = uniforms[i][:, w]
-        program = program or self._program(group, mode, [staging.inputs, *drawn], captured)
+        program = group.programs.get((mode, captured)) or self._program(group, mode, [staging.inputs], captured)
         program.inputs[0].copy_(staging.inputs, non_blocking=True)
         outputs = program.replay()
-        staging.outputs.copy_(outputs[0], non_blocking=True)
-        return outputs[1].clone() if len(outputs) > 1 else None
+        return outputs[0], outputs[1] if len(outputs) > 1 else None
 
     def _program(self, group: Group, mode: tuple, first: list[torch.Tensor], captured: bool) -> Program:
         """The group's program for `mode`, made at its first use with that use's inputs (a capture's warm-up runs
@@ -186,7 +203,6 @@ class ModelSteps:
         coupled: bool,
         penalty: bool,
         inputs: torch.Tensor,  # [R, SETTINGS + len(STEP_COLUMNS)] float64
-        *drawn: torch.Tensor,  # [R, K] float64, each chain's uniforms, where some row samples
     ) -> tuple[torch.Tensor, ...]:  # [R, K + 1] float64, and [R, K, V] float32 where some row samples
         """The program: the first pass, then K steps of choosing and feeding; the drafted ids packed with whether
         the first is live (a coupled row's W first tokens need W ids with q > 0), and q where some row samples."""
@@ -204,6 +220,7 @@ class ModelSteps:
             group.seen.copy_(seen)
         logits, _ = runner.chain_pass(group, inputs)  # [R, n, V']
         step_logits = logits.gather(1, last[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0]  # [R, V']
+        drawn = draft_uniforms(seeds, position, beam, depth) if sampled else None  # [R, K] each chain's draws
         drafted, all_probs, first_live = [], [], torch.ones_like(real)
         for step in range(depth):
             if step:
@@ -217,7 +234,7 @@ class ModelSteps:
             else:
                 probs = processed_probs(scores, seen_at, settings)[:, 0]  # [R, V'] one-hot for greedy rows
                 probs = torch.nn.functional.pad(probs, (0, self.vocab_size - probs.shape[-1]))  # [R, V] 0 past V'
-                token = _inverse_cdf(probs, drawn[0][:, step : step + 1])  # [R]
+                token = _inverse_cdf(probs, drawn[:, step : step + 1])  # [R]
                 if coupled:
                     chosen, live = _coupled(probs, seeds, position + step, beam, width, step == 0)
                     token = torch.where(column["coupled"] > 0, chosen, token)
@@ -247,6 +264,20 @@ def _coupled(
     top, live = coupled_top(probs, noise, width)  # [R, W] each
     index = beam[:, None].clamp(max=width - 1)
     return top.gather(1, index)[:, 0], live.gather(1, index)[:, 0]
+
+
+def _rows_of(tensors: list[torch.Tensor], locals_: list[int], count: int) -> torch.Tensor:  # W x [R, K, ...]
+    """A row's beams' rows of their groups' outputs, [W, count, ...], copied in one op: the program's next replay
+    (another row drafting alone after a failure, or the next round) overwrites its own."""
+    first = locals_[0]
+    if all(t is tensors[0] for t in tensors) and locals_ == list(range(first, first + len(locals_))):
+        return tensors[0][first : first + len(locals_), :count].clone()
+    return torch.stack([t[local, :count] for t, local in zip(tensors, locals_, strict=True)])
+
+
+def _fed_since(chain: Any, beam: int, count: int, ids: list[list[int]]) -> None:
+    """The beam's chain also holds the drafted ids the steps fed it, once they are read."""
+    chain.tail.extend(ids[beam][:count])
 
 
 def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:  # [R, V], [R, 1] -> [R] int64

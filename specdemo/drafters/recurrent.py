@@ -7,17 +7,17 @@ rows, W sampled beams else, q = 0 outside the head's sub-vocabulary so the rule 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from specdemo.config import MAX_NUM_DRAFT_TOKENS
 from specdemo.core.coupled import row_noise
-from specdemo.core.sampling import uniforms_from
+from specdemo.core.verdicts import DeviceIds, candidate_lengths
 from specdemo.drafters.base import Draft, DraftRequest
 from specdemo.drafters.head import RecurrentHead
-from specdemo.drafters.head_steps import steps_for
+from specdemo.drafters.head_steps import step_settings, steps_for
 
 
 @dataclass(frozen=True)
@@ -99,36 +99,44 @@ class RecurrentDrafter:
 
     def with_chances(self, key: Hashable, draft: Draft) -> Draft:
         """The draft with the row's chance for each of its tokens: they depend on the positions, not the tokens."""
-        chances = [self.alpha(key, len(candidate)) for candidate in draft.token_ids]
+        chances = [self.alpha(key, length) for length in candidate_lengths(draft.token_ids)]
         first = sum(candidate[0] for candidate in chances)
         for candidate in chances:  # W candidates' first tokens cannot together be accepted more than once
             candidate[0] /= max(1.0, first)
         return replace(draft, chances=chances)
 
     def _draft(self, requests: list[DraftRequest], way: str, width: int, depth: int) -> list[Draft]:
-        """The rows' K steps (head_steps.py: one program where the target's rounds replay graphs; the coupled rule's
-        run as they are), the drafted ids read back once."""
-        states = torch.stack([r.hidden_state for r in requests]).to(self.head.output_rows.dtype)  # type: ignore[misc]
-        tokens = torch.tensor([r.sequence_ids[-1] for r in requests], device=states.device)  # [R]
-        if way == "greedy":
-            ids = self.steps.greedy(states, tokens, min(width, len(self.head.vocabulary)), depth)
-            return [Draft(row, None) for row in ids.tolist()]
-        temperatures = torch.tensor([r.sampling.temperature for r in requests], device=states.device)
+        """The rows' K steps (head_steps.py: one program where the target's rounds replay graphs, whose drafts stay on
+        the device for the round's; the coupled rule's run as they are)."""
+        states = [r.hidden_state for r in requests]
         if way == "coupled":
-            starts = [len(r.sequence_ids) for r in requests]
-            noise = row_noise([r.seed for r in requests], starts, depth, self.vocab_size, states.device)  # [R, K, V]
-            ids, probs, live = self.head.coupled_beams(
-                states, tokens, noise[..., self.head.vocabulary], temperatures, min(width, len(self.head.vocabulary))
-            )
-            full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)  # [R, W, K, V]
-            full[..., self.head.vocabulary] = probs
-            counts = live.sum(dim=1).tolist()  # [R] live beams come first: q allows fewer than W where top-k < W
-            return [Draft(row[:n], row_probs[:n]) for row, row_probs, n in zip(ids.tolist(), full, counts, strict=True)]
-        uniforms = torch.stack(  # [R, W, K]: each row's own generator, W*K draws a round
-            [uniforms_from(r.generator, (width, depth), states.device) for r in requests]
+            return self._coupled(requests, torch.stack(states).to(self.head.output_rows.dtype), width, depth)
+        settings = step_settings(requests)
+        on_device = self.steps.on_device(states[0].device)
+        if way == "greedy":
+            ids = self.steps.greedy(states, settings, min(width, len(self.head.vocabulary)), depth)
+            return [Draft(_drafted(row, on_device), None) for row in ids]
+        ids, probs = self.steps.sampled(states, settings, width, depth)
+        return [Draft(_drafted(row, on_device), row_probs) for row, row_probs in zip(ids, probs, strict=True)]
+
+    def _coupled(self, requests: list[DraftRequest], states: torch.Tensor, width: int, depth: int) -> list[Draft]:
+        """The coupled rule's beams: argmax(log q + G) with the row's noise, W distinct first tokens, read back."""
+        tokens = torch.tensor([r.sequence_ids[-1] for r in requests], device=states.device)  # [R]
+        temperatures = torch.tensor([r.sampling.temperature for r in requests], device=states.device)
+        starts = [len(r.sequence_ids) for r in requests]
+        noise = row_noise([r.seed for r in requests], starts, depth, self.vocab_size, states.device)  # [R, K, V]
+        ids, probs, live = self.head.coupled_beams(
+            states, tokens, noise[..., self.head.vocabulary], temperatures, min(width, len(self.head.vocabulary))
         )
-        ids, full = self.steps.sampled(states, tokens, uniforms, temperatures)  # [R, W, K], [R, W, K, V]
-        return [Draft(row, probs) for row, probs in zip(ids.tolist(), full, strict=True)]
+        full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)  # [R, W, K, V]
+        full[..., self.head.vocabulary] = probs
+        counts = live.sum(dim=1).tolist()  # [R] live beams come first: q allows fewer than W where top-k < W
+        return [Draft(row[:n], row_probs[:n]) for row, row_probs, n in zip(ids.tolist(), full, counts, strict=True)]
+
+
+def _drafted(ids: torch.Tensor, on_device: bool) -> Sequence[list[int]]:  # [W, K] float32
+    """A row's candidates: left on the device for the round program, or read here."""
+    return DeviceIds(ids) if on_device else ids.long().tolist()
 
 
 def _common_prefix(first: list[int], second: list[int]) -> int:

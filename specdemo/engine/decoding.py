@@ -17,7 +17,7 @@ from specdemo.core.fixed_rule import DRAWS_PER_ROUND, seed_from
 from specdemo.core.planning import BatchCosts, Cut, plan_shared_pass
 from specdemo.core.rounds import NOTHING_DRAFTED, Round
 from specdemo.core.rules import COUPLED, STANDARD, Rule, rule_for
-from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
+from specdemo.core.verdicts import DeviceIds, Overflowed, RoundAsk, RowVerdict, eos_cut
 from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, hidden_layers
 from specdemo.engine.cost_watch import watch
 from specdemo.models.fixed_shape import SEED_BITS
@@ -31,14 +31,6 @@ def stream_seed(generator: torch.Generator) -> int:
     its generator: a row added with sampling.seed and no generator of its own has the seed this gives for a generator
     seeded with sampling.seed on the target's device."""
     return seed_from(generator) % 2**SEED_BITS
-
-
-def _eos_cut(token_ids: list[int], eos_token_ids: frozenset[int]) -> int:
-    """How many tokens to keep: up to and including the first EOS, since nothing after an EOS is emitted."""
-    for position, token in enumerate(token_ids):
-        if token in eos_token_ids:
-            return position + 1
-    return len(token_ids)
 
 
 @dataclass
@@ -102,8 +94,11 @@ def _cut(draft: Draft, num_tokens: int) -> Draft:
 
 
 def _cut_at_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
-    """Drafts after an EOS could never be emitted, so they are neither verified nor counted."""
-    return _trimmed(draft, [_eos_cut(candidate, eos_token_ids) for candidate in draft.token_ids])
+    """Drafts after an EOS could never be emitted, so they are neither verified nor counted; ids still on the device
+    are cut where they are read (RoundAsk.on_host, or the round program)."""
+    if isinstance(draft.token_ids, DeviceIds):
+        return draft
+    return _trimmed(draft, [eos_cut(candidate, eos_token_ids) for candidate in draft.token_ids])
 
 
 class OutOfDeviceMemory(ValueError):
@@ -332,7 +327,7 @@ class BatchDecoder:
         chosen = decided.candidates[decided.path] if decided.candidates else NOTHING_DRAFTED
         accepted = decided.num_accepted
         emitted = [*chosen.token_ids[:accepted], decided.next_token_id]
-        emitted = emitted[: _eos_cut(emitted, self.eos_token_ids)]
+        emitted = emitted[: eos_cut(emitted, self.eos_token_ids)]
         has_next = len(emitted) > accepted  # False after an accepted EOS: no bonus token follows it
         # Resampled: some candidate was tested where the path stopped (and rejected); else the bonus after its end.
         stopped = any(accepted < len(c.tested) and c.tested[accepted] for c in decided.candidates)
@@ -402,6 +397,8 @@ class BatchDecoder:
         row's tokens are then another draw than alone (the draws' layout follows the draft), greedy ones the same."""
         if self.costs is None or len(rows) < 2:
             return drafts, [None] * len(drafts)
+        on_host = [replace(d, token_ids=list(d.token_ids)) if isinstance(d.token_ids, DeviceIds) else d for d in drafts]
+        drafts = [_cut_at_eos(d, self.eos_token_ids) for d in on_host]  # the cut reads every row's tokens
         depth, rate, uncut_rate = plan_shared_pass(
             [row.chances(d) for row, d in zip(rows, drafts, strict=True)], self.costs
         )

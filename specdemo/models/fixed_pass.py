@@ -23,7 +23,7 @@ from specdemo.core.chain_round import CoupledRows, TreeRows, decide_chains, deci
 from specdemo.core.coupled import gumbel_noise
 from specdemo.core.fixed_rule import RowSettings
 from specdemo.core.rules import CoupledRule
-from specdemo.core.verdicts import RoundAsk
+from specdemo.core.verdicts import DeviceIds, RoundAsk, candidate_lengths
 from specdemo.core.verify import select_positions
 from specdemo.models import fusion, graphs
 from specdemo.models.layout import HOLE
@@ -31,12 +31,17 @@ from specdemo.models.pools import PASS_ROWS, Group
 
 PASS_COLUMNS = MAX_NUM_DRAFT_TOKENS + 1  # n: a chain is the sequence's last token and up to K drafted ones
 
+EOS_COLUMNS = 4  # the most EOS ids a row whose draft is still on the device can name (the program cuts it there)
+
 # The columns of a round's input buffer [R, INPUT_COLUMNS] float64: ids, positions, write slots and real (n each),
 # then one column each for these; a row of several candidates (write_tree) names its candidates' chain rows in its
-# first chain row (width, chain_0..), and each of its chain rows names that first one (head)
+# first chain row (width, chain_0..), and each of its chain rows names that first one (head); a chain row whose ids
+# are still on the device (core/verdicts.DeviceIds) says so (on_device) and names the row's EOS ids (-1 for none);
+# a chain row that lacks some slots of its row's sequence names the chain row it copies them from (-1 for none)
 ROW_COLUMNS = ("drafted", "row_real", "seed", "draws", "greedy", "temperature", "top_k", "top_p_drop", "top_p_on",
                "penalty", "sampled_draft", "coupled", "width", "head",
-               *(f"chain_{w}" for w in range(MAX_NUM_CANDIDATES)))  # fmt: skip
+               *(f"chain_{w}" for w in range(MAX_NUM_CANDIDATES)), "on_device",
+               *(f"eos_{e}" for e in range(EOS_COLUMNS)), "copy_from", "copy_start", "copy_stop")  # fmt: skip
 INPUT_COLUMNS = 4 * PASS_COLUMNS + len(ROW_COLUMNS)
 
 
@@ -100,21 +105,28 @@ class PassRunner:
         sampled: bool,
         penalty: bool,
         inputs: torch.Tensor,  # [R, INPUT_COLUMNS] float64
-        *draft_probs: torch.Tensor,  # [R, K, V] when given
+        *extra: torch.Tensor,  # [R, K, V] q where sampled_draft, then [R, K] float32 ids where on_device
         views: bool = True,  # the inspector's entries packed (a row asks for them)
         coupled: bool = False,  # some row runs the coupled rule: its noise is drawn
         width: int = 1,  # the most candidates of a row (write_tree's rows where > 1)
+        sampled_draft: bool = False,  # some row's q is given
+        on_device: bool = False,  # some chain row's ids are given on the device (with_device_ids)
+        synced: bool = False,  # some chain row copies slots from another first (sync_chains)
     ) -> tuple[torch.Tensor, ...]:
         """A whole group's round: the pass, then the rule (round_rule), each compiled where fusion is on; [R, P] packed
         (and [R, F] hidden states where the next round's logits were read). The group's seen rows follow the emitted
         tokens when a row has a penalty."""
+        if on_device:
+            inputs = with_device_ids(inputs, extra[-1])
+        if synced:
+            sync_chains(group, inputs)
         logits, hidden = self.chain_pass(group, inputs)
         model = self.live_model()
         rule = functools.partial(round_rule, sampled, views, coupled, width)
-        mode = ("rule", self.hidden_layers, sampled, penalty, bool(draft_probs), views, coupled, width)
+        mode = ("rule", self.hidden_layers, sampled, penalty, sampled_draft, views, coupled, width)
         run = fusion.fused(model, mode, rule) or rule
         seen = group.seen if penalty else None
-        packed, seen_after, kept = run(inputs, logits, seen, draft_probs[0] if draft_probs else None, hidden)
+        packed, seen_after, kept = run(inputs, logits, seen, extra[0] if sampled_draft else None, hidden)
         if seen_after is not None and group.seen is not None:
             group.seen.copy_(seen_after)
         return (packed,) if kept is None else (packed, kept)
@@ -229,6 +241,46 @@ def _coupled_rows(
     return CoupledRows(column["coupled"].bool(), gumbel_noise(column["seed"].long(), positions, vocab_size))
 
 
+def with_device_ids(
+    inputs: torch.Tensor,  # [R, INPUT_COLUMNS] float64
+    device_ids: torch.Tensor,  # [R, K] float32: the drafted ids of the chain rows marked on_device
+) -> torch.Tensor:  # [R, INPUT_COLUMNS] float64
+    """The input buffer with the ids of the chain rows whose draft stayed on the device in their columns, and their
+    drafted count cut after their first EOS (as the engine cuts a draft on the host): the pass feeds every drafted
+    token, the rule tests them up to the EOS."""
+    n = PASS_COLUMNS
+    column = {name: 4 * n + index for index, name in enumerate(ROW_COLUMNS)}
+    on_device = inputs[:, column["on_device"]] > 0  # [R]
+    fed = torch.where(on_device[:, None], device_ids.double(), inputs[:, 1:n])  # [R, K]
+    eos = inputs[:, column["eos_0"] : column["eos_0"] + EOS_COLUMNS]  # [R, E]
+    drafted = inputs[:, column["drafted"]]  # [R]
+    depth = torch.arange(n - 1, device=inputs.device)  # [K]
+    ends = (fed[..., None] == eos[:, None]).any(dim=-1) & (depth < drafted[:, None])  # [R, K] an EOS drafted there
+    first = torch.where(ends, depth, n - 1).amin(dim=1)  # [R] K where none
+    cut = torch.where(on_device, torch.minimum(drafted, first + 1.0), drafted)  # [R]
+    at = column["drafted"]
+    return torch.cat([inputs[:, :1], fed, inputs[:, n:at], cut[:, None], inputs[:, at + 1 :]], 1)
+
+
+def sync_chains(group: Group, inputs: torch.Tensor) -> None:  # inputs [R, INPUT_COLUMNS] float64
+    """Each chain row that names a copy_from row takes that row's keys and values at slots copy_start..copy_stop - 1
+    (the accepted tokens it lacks, which the row's path's chain row holds), every layer, before the pass."""
+    column = {name: 4 * PASS_COLUMNS + index for index, name in enumerate(ROW_COLUMNS)}
+    source = inputs[:, column["copy_from"]].long()  # [R] -1 for none
+    slots = torch.arange(group.slots, device=inputs.device)  # [L]
+    start, stop = inputs[:, column["copy_start"], None], inputs[:, column["copy_stop"], None]  # [R, 1] each
+    copied = ((source >= 0)[:, None] & (slots >= start) & (slots < stop))[:, None, :, None]  # [R, 1, L, 1]
+    rows = torch.where(source >= 0, source, torch.arange(source.shape[0], device=inputs.device))  # [R]
+    for table in (*group.keys, *group.values):  # [R, Hkv, L, d] each
+        table.copy_(torch.where(copied, table.index_select(0, rows), table))
+
+
+def write_sync(row: np.ndarray, source: int, start: int, stop: int) -> None:  # row [INPUT_COLUMNS] float64
+    """A chain row's copy of slots start..stop - 1 from chain row `source` of its group (sync_chains)."""
+    first = 4 * PASS_COLUMNS + ROW_COLUMNS.index("copy_from")
+    row[first : first + 3] = source, start, stop
+
+
 def pass_inputs(inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [R, >= 4n] float64 -> 4 x [R, n]
     n = PASS_COLUMNS
     return (
@@ -288,20 +340,25 @@ def staging_for(group: Group, num_packed: int, device: torch.device) -> Staging:
     blank = np.zeros(INPUT_COLUMNS)
     n = PASS_COLUMNS
     blank[:n], blank[2 * n : 3 * n] = HOLE, group.slots - 1
-    values = dict(greedy=1.0, temperature=1.0, penalty=1.0)
+    values = dict(greedy=1.0, temperature=1.0, penalty=1.0, copy_from=-1.0)
     for name, value in values.items():
         blank[4 * n + ROW_COLUMNS.index(name)] = value
     return Staging(inputs, outputs, blank)
 
 
 def write_row(row: np.ndarray, ask: RoundAsk, candidate: int = 0) -> None:  # row [INPUT_COLUMNS] float64
-    """One chain row's inputs: the row's last token and its candidate at their canonical slots, the row's settings,
-    its rule and its draw stream (or noise seed)."""
-    draft_ids = ask.candidates[candidate] if ask.candidates else []
-    n, count = PASS_COLUMNS, len(draft_ids) + 1
+    """One chain row's inputs: the row's last token and its candidate at their canonical slots (a candidate still on
+    the device: its length, and the row's EOS ids), the row's settings, its rule and its draw stream (or noise
+    seed)."""
+    n, count = PASS_COLUMNS, (candidate_lengths(ask.candidates)[candidate] if ask.candidates else 0) + 1
     start = len(ask.trunk_ids) - 1
     row[0] = ask.trunk_ids[-1]
-    row[1:count] = draft_ids
+    if isinstance(ask.candidates, DeviceIds):
+        eos = 4 * n + ROW_COLUMNS.index("eos_0")
+        row[4 * n + ROW_COLUMNS.index("on_device")] = 1.0
+        row[eos : eos + EOS_COLUMNS] = [*sorted(ask.eos_token_ids), *[-1] * (EOS_COLUMNS - len(ask.eos_token_ids))]
+    else:
+        row[1:count] = ask.candidates[candidate] if ask.candidates else []
     row[n : n + count] = row[2 * n : 2 * n + count] = range(start, start + count)
     row[3 * n : 3 * n + count] = 1.0
     sampling = ask.sampling

@@ -42,17 +42,19 @@ import torch
 from transformers import PreTrainedModel
 
 from specdemo.config import MAX_NUM_CANDIDATES
-from specdemo.core.chain_round import chain_verdict, packed_columns
+from specdemo.core.chain_round import chain_verdict, drafted_ids, packed_columns
 from specdemo.core.rules import CoupledRule
-from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
+from specdemo.core.verdicts import DeviceIds, Overflowed, RoundAsk, RowVerdict, candidate_lengths
 from specdemo.models import graphs
 from specdemo.models.fixed_pass import (
+    EOS_COLUMNS,
     PASS_COLUMNS,
     Clock,
     PassRunner,
     Staging,
     staging_for,
     write_row,
+    write_sync,
     write_tree,
 )
 from specdemo.models.graphs import Program
@@ -95,6 +97,19 @@ class _Chain:
                 break
             length += 1
         return length
+
+
+@dataclass(frozen=True)
+class _Sync:
+    """A chain row that lacks slots start..stop - 1 of its row's sequence, which another of its group holds: copied in
+    the round program, before its pass (fixed_pass.sync_chains)."""
+
+    key: Hashable  # the row
+    group: Group
+    source: int
+    target: int
+    start: int
+    stop: int
 
 
 @dataclass
@@ -248,7 +263,16 @@ class FixedShapeModel(CachedModel):
             run = functools.partial(self.runner.group_pass, group)
         else:  # _round_mode's; a penalty's seen rows made by _round
             run = functools.partial(
-                self.runner.group_round, group, mode[2], mode[3], views=mode[5], coupled=mode[6], width=mode[7]
+                self.runner.group_round,
+                group,
+                mode[2],
+                mode[3],
+                views=mode[5],
+                coupled=mode[6],
+                width=mode[7],
+                sampled_draft=mode[4],
+                on_device=mode[8],
+                synced=mode[9],
             )
         inputs = [tensor.to(self.device, copy=True) for tensor in first]
         program = Program(run, inputs)
@@ -277,8 +301,10 @@ class FixedShapeModel(CachedModel):
         self.pools.forget_idle()
         graphs.free_cached_memory(self.device)
 
-    def _prepare(self, key: Hashable, request: RowRequest) -> int:
-        """The row's chains (one per candidate) each hold its sequence but the last token; returns the tokens read."""
+    def _prepare(self, key: Hashable, request: RowRequest, synced: list[_Sync] | None = None) -> int:
+        """The row's chains (one per candidate) each hold its sequence but the last token; returns the tokens read. A
+        chain that lacks some is copied from the fullest one: in `synced`, where given and both are in one group, for
+        the round program to copy (sync_chains), else here."""
         assert request.logits_for == "all", "fixed-shape passes give every position's logits"
         trunk = request.trunk_ids
         assert all(len(b) < PASS_COLUMNS for b in request.branch_ids), (
@@ -300,8 +326,11 @@ class FixedShapeModel(CachedModel):
             self._read(best, trunk, max(held), known)
         for chain, common in zip(row.chains, held, strict=True):
             if chain is not best and common < known:
-                best.group.copy(best.local, chain.group, chain.local, common, known)
-                chain.start, chain.tail, chain.seen_valid = known, [], False
+                if synced is not None and chain.group is best.group:
+                    synced.append(_Sync(key, best.group, best.local, chain.local, common, known))
+                else:
+                    best.group.copy(best.local, chain.group, chain.local, common, known)
+                chain.start, chain.tail = known, []  # its seen row, if valid, holds the row's sequence still
         return read
 
     def hold(self, key: Hashable, trunk: list[int], width: int, depth: int) -> list[tuple[_Chain, int]]:
@@ -355,9 +384,11 @@ class FixedShapeModel(CachedModel):
         coupled row meets a row of several candidates."""
         if not all(self.in_program(ask) for ask in asked.values()):
             return super().decide(asked)
+        asked = dict(asked)
         with graphs.DEVICE_WORK, self.lock:
-            requests = {key: RowRequest(a.trunk_ids, a.candidates, "all", a.capacity) for key, a in asked.items()}
-            read = {key: self._prepare(key, request) for key, request in requests.items()}
+            requests = {key: RowRequest(a.trunk_ids, _fed(a), "all", a.capacity) for key, a in asked.items()}
+            synced: list[_Sync] = []
+            read = {key: self._prepare(key, request, synced) for key, request in requests.items()}
             members: dict[Group, list[tuple[Hashable, list[_Chain], RoundAsk]]] = {}
             eager: list[Hashable] = []
             for key, ask in asked.items():
@@ -373,6 +404,14 @@ class FixedShapeModel(CachedModel):
                     del modes[group]
             decided: dict[Hashable, RowVerdict | Overflowed | Exception] = {}
             eager_seconds = 0.0
+            for sync in synced:  # a copy the program does not make (its group's round is eager, or the row's) made here
+                if sync.key in eager or sync.group not in members:
+                    sync.group.copy(sync.source, sync.group, sync.target, sync.start, sync.stop)
+            synced = [sync for sync in synced if sync.key not in eager and sync.group in members]
+            modes = {group: (*mode, any(sync.group is group for sync in synced)) for group, mode in modes.items()}
+            for key in eager:  # the eager rule reads the candidates on the host
+                asked[key] = asked[key].on_host()
+                requests[key] = replace(requests[key], branch_ids=list(asked[key].candidates))
             if eager:
                 logits = self._chain_logits({key: requests[key] for key in eager}, read)
                 decided.update(self.rule_verdicts({key: asked[key] for key in eager}, logits))
@@ -380,11 +419,16 @@ class FixedShapeModel(CachedModel):
             else:
                 self.last_rule_seconds = 0.0  # the rule ran in the program
             started = Clock(self.device)
-            landed = [(rows, modes[group], *self._round(group, modes[group], rows)) for group, rows in members.items()]
+            landed = [
+                (rows, modes[group], *self._round(group, modes[group], rows, [s for s in synced if s.group is group]))
+                for group, rows in members.items()
+            ]
             seconds = started.wait() if landed else 0.0
             self.forward_seconds += seconds
             self.last_forward_seconds = eager_seconds + seconds
-            self.last_input_lengths = {key: read[key] + 1 + sum(map(len, a.candidates)) for key, a in asked.items()}
+            self.last_input_lengths = {
+                key: read[key] + 1 + sum(candidate_lengths(a.candidates)) for key, a in asked.items()
+            }
             for rows, mode, staging, hidden in landed:
                 hidden = None if hidden is None else hidden.clone()  # the next replay overwrites the program's own
                 for key, chains, ask in rows:
@@ -400,11 +444,11 @@ class FixedShapeModel(CachedModel):
         rule (its choices over several candidates are made on the host) and MAX_NUM_CANDIDATES under the standard
         rule, of token ids in the vocabulary (the eager rule says which id is not)."""
         most = 1 if isinstance(ask.rule, CoupledRule) else MAX_NUM_CANDIDATES
-        return (
-            ask.rule.captured
-            and len(ask.candidates) <= most
-            and all(0 <= token < self.vocab_size for candidate in ask.candidates for token in candidate)
-        )
+        if isinstance(ask.candidates, DeviceIds):  # a captured drafter's ids, in the vocabulary
+            known = len(ask.eos_token_ids) <= EOS_COLUMNS
+        else:
+            known = all(0 <= token < self.vocab_size for candidate in ask.candidates for token in candidate)
+        return ask.rule.captured and len(ask.candidates) <= most and known
 
     def _verdict(
         self, key: Hashable, ask: RoundAsk, packed: np.ndarray, hidden: torch.Tensor | None, local: int, width: int
@@ -412,6 +456,9 @@ class FixedShapeModel(CachedModel):
         """The row's verdict from its packed row (core/chain_round.chain_verdict, for a program of rows of up to
         `width` candidates), with the tokens the pass read and its hidden states where the next round's logits were
         read; the exception reading it raised, if any."""
+        if isinstance(ask.candidates, DeviceIds):  # the ids the round read, cut after an EOS as the program cut them
+            ask.candidates.known(drafted_ids(packed, width, ask.candidates.lengths))
+            ask = ask.on_host()
         try:
             verdict = chain_verdict(packed, ask, width)
         except Exception as error:  # this row's alone: the others' verdicts stand
@@ -422,7 +469,7 @@ class FixedShapeModel(CachedModel):
         return replace(verdict, num_input_tokens=self.last_input_lengths[key], hidden_state=state)
 
     def _round(
-        self, group: Group, mode: tuple, rows: list[tuple[Hashable, list[_Chain], RoundAsk]]
+        self, group: Group, mode: tuple, rows: list[tuple[Hashable, list[_Chain], RoundAsk]], synced: list[_Sync]
     ) -> tuple[Staging, torch.Tensor | None]:
         """One group's round queued on the device: inputs in, the program, the packed outputs out (asynchronously
         on CUDA); returns where they land and the hidden states, on the device."""
@@ -441,12 +488,18 @@ class FixedShapeModel(CachedModel):
             if mode[3] and group.seen is not None and not first.seen_valid:  # its first round with a penalty
                 group.seen[first.local] = False
                 group.seen[first.local, ask.trunk_ids] = True
+        for sync in synced:
+            write_sync(staging.write[sync.target], sync.source, sync.start, sync.stop)
         program = group.programs.get((mode, self.replays_graphs))
         if program is None:
-            given = torch.zeros(PASS_ROWS, PASS_COLUMNS - 1, self.vocab_size, device=self.device)  # [R, K, V]
-            program = self._program(group, mode, [staging.inputs, *([_drafted(given, rows)] if mode[4] else [])])
-        if mode[4]:
-            _drafted(program.inputs[1], rows)
+            given = [staging.inputs]
+            if mode[4]:
+                given.append(torch.zeros(PASS_ROWS, PASS_COLUMNS - 1, self.vocab_size, device=self.device))  # [R, K, V]
+            if mode[8]:
+                given.append(torch.zeros(PASS_ROWS, PASS_COLUMNS - 1, device=self.device))  # [R, K] float32
+            _given_on_device(given, mode, rows)
+            program = self._program(group, mode, given)
+        _given_on_device(program.inputs, mode, rows)
         program.inputs[0].copy_(staging.inputs, non_blocking=True)
         outputs = program.replay()
         staging.outputs.copy_(outputs[0], non_blocking=True)
@@ -455,7 +508,8 @@ class FixedShapeModel(CachedModel):
 
 def _round_mode(hidden_layers: tuple[int, ...], rows: list[tuple[Hashable, list[_Chain], RoundAsk]]) -> tuple:
     """A group's round program: ("round", hidden layers, some row samples, has a penalty, sampled its draft, reads
-    the inspector's entries, runs the coupled rule, the most candidates of a row)."""
+    the inspector's entries, runs the coupled rule, the most candidates of a row, has a draft still on the
+    device); decide adds whether the program copies slots between chain rows first (sync_chains)."""
     asks = [ask for _, _, ask in rows]
     return (
         "round",
@@ -466,17 +520,37 @@ def _round_mode(hidden_layers: tuple[int, ...], rows: list[tuple[Hashable, list[
         any(ask.views for ask in asks),  # the inspector's entries, computed where a row reads them
         any(isinstance(ask.rule, CoupledRule) for ask in asks),
         max(max(1, len(ask.candidates)) for ask in asks),
+        any(isinstance(ask.candidates, DeviceIds) for ask in asks),
     )
 
 
-def _drafted(draft_probs: torch.Tensor, rows: list[tuple[Hashable, list[_Chain], RoundAsk]]) -> torch.Tensor:
-    """The rows' sampled drafts' q written into a round's [R, K, V] input, each candidate's at its chain row, on the
-    device."""
+def _fed(ask: RoundAsk) -> list[list[int]]:
+    """The candidates as a pass is asked for them: ids still on the device as their lengths alone (the program reads
+    the ids where they are)."""
+    if isinstance(ask.candidates, DeviceIds):
+        return [[HOLE] * length for length in ask.candidates.lengths]
+    return list(ask.candidates)
+
+
+def _given_on_device(
+    inputs: list[torch.Tensor], mode: tuple, rows: list[tuple[Hashable, list[_Chain], RoundAsk]]
+) -> None:
+    """The rows' sampled drafts' q ([R, K, V], where mode[4]) and ids still on the device ([R, K], where mode[8])
+    written into a round's inputs, each candidate's at its chain row: one copy a row for each, on the device."""
     for _, chains, ask in rows:
-        if ask.draft_probs is not None:
-            for chain, candidate, probs in zip(chains, ask.candidates, ask.draft_probs, strict=False):
-                draft_probs[chain.local, : len(candidate)] = probs[: len(candidate)]
-    return draft_probs
+        targets = []
+        if mode[4] and ask.draft_probs is not None:
+            targets.append((inputs[1], ask.draft_probs))
+        if mode[8] and isinstance(ask.candidates, DeviceIds):
+            targets.append((inputs[-1], ask.candidates.tensor))
+        locals_ = [chain.local for chain in chains[: len(ask.candidates)]]
+        for target, given in targets:
+            depth = min(given.shape[1], target.shape[1])
+            if locals_ == list(range(locals_[0], locals_[0] + len(locals_))):  # consecutive: one slice
+                target[locals_[0] : locals_[0] + len(locals_), :depth] = given[:, :depth]
+            else:
+                index = torch.tensor(locals_, device=target.device)
+                target[:, :depth].index_copy_(0, index, given[:, :depth].to(target.dtype))
 
 
 def _arranged(found: dict, key: Hashable, request: RowRequest) -> torch.Tensor:  # [W, K+1, V] (or [W, K+1, H])

@@ -164,8 +164,9 @@ class CachedModel:
         """Every row's round: one pass for the target's logits along each candidate, then the eager rule
         (core/eager_round.py). Each verdict carries the tokens the pass read for its row and, where they are kept,
         the hidden states where the next round's logits were read."""
+        asked = {key: ask.on_host() for key, ask in asked.items()}
         logits = self.logits(
-            {key: RowRequest(a.trunk_ids, a.candidates, "all", a.capacity) for key, a in asked.items()}
+            {key: RowRequest(a.trunk_ids, list(a.candidates), "all", a.capacity) for key, a in asked.items()}
         )
         return self.rule_verdicts(asked, logits)
 

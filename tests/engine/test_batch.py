@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.core.fixed_rule import DRAWS_PER_ROUND, round_uniforms, seed_from
+from specdemo.core.fixed_rule import DRAWS_PER_ROUND, draft_uniforms, round_uniforms, seed_from
 from specdemo.core.sampling import build_warpers, logits_to_probs, sample_from_probs
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verify import verify_rows
@@ -79,8 +79,9 @@ def test_every_row_of_a_ragged_batch_emits_what_it_emits_alone(
 
 def single_chain_reference(target, draft, prompt, sampling, spec) -> list[int]:
     """The algorithm as it was before the batched engine: one draft chain, uncached forwards, the rule on one
-    candidate, the same draws: the drafter's from the row's generator (after the seed of the row's stream), the
-    rule's from that stream, K tests then the next token in each round's block (round_uniforms)."""
+    candidate, the same draws: the drafter's from the row's drafting stream (draft_uniforms, beam 0 at the round's
+    first position), the rule's from the row's stream, K tests then the next token in each round's block
+    (round_uniforms)."""
     generator = torch.Generator().manual_seed(sampling.seed)
     seed = torch.tensor([seed_from(generator) % 2**SEED_BITS])
     warpers, sequence, emitted, rounds = build_warpers(sampling), list(prompt), [], 0
@@ -90,11 +91,12 @@ def single_chain_reference(target, draft, prompt, sampling, spec) -> list[int]:
         if draft is None:
             found = find_ngram_continuations(torch.tensor(sequence), num_draft, 1, 3, 1)
             drafts = found[0] if found and num_draft else []
-        for _ in range(num_draft if draft is not None else 0):
+        drawn = draft_uniforms(seed, torch.tensor([len(sequence)]), torch.tensor([0]), num_draft)[0]  # [K]
+        for step in range(num_draft if draft is not None else 0):
             context = torch.tensor([sequence + drafts])
             with torch.inference_mode():
                 probs = logits_to_probs(draft(context).logits[:, -1:], context, sampling, warpers)[:, 0]  # [1, V]
-            drafts.append(int(sample_from_probs(probs, torch.rand(1, dtype=torch.float64, generator=generator))))
+            drafts.append(int(sample_from_probs(probs, drawn[step : step + 1])))
             draft_probs.append(probs[0])
         cut = next((i + 1 for i, t in enumerate(drafts) if t in EOS), len(drafts))
         drafts = drafts[:cut]

@@ -55,6 +55,8 @@ def case_drafter(kind: str, models) -> Drafter:
     target, draft, head = models
     if kind == "two":
         return TwoCandidates(target)
+    if kind == "self":  # the target as its own draft model: every draft is the target's text, and accepted
+        return tiny_drafter("model", tiny_model(1), None)
     if kind == "failing":
         return Failing(tiny_drafter("model", draft, None))
     return tiny_drafter(kind, draft, head)
@@ -69,6 +71,7 @@ CASES = {
     "sampled-w3": ("recurrent", SAMPLED, 4, 3, frozenset(), 20),
     "coupled-w3": ("recurrent", COUPLED, 4, 3, frozenset(), 20),
     "eos-in-draft": ("model", SamplingConfig(), 4, 1, frozenset({1}), 30),  # a row accepts a drafted EOS
+    "eos-mid-draft": ("self", SamplingConfig(), 4, 1, frozenset({7}), 20),  # see the test below
     "drafter-fails": ("failing", SAMPLED, 4, 1, frozenset(), 20),
     "max-new-tokens": ("ngram", SamplingConfig(), 8, 1, frozenset(), 7),
     "shorter-path-w2": ("two", SamplingConfig(), 2, 2, frozenset(), 12),  # see the test below
@@ -114,7 +117,9 @@ def assert_same(tree: object, fixed: object, where: str) -> None:
 @pytest.mark.parametrize("name", list(CASES))
 def test_tree_and_fixed_shape_passes_build_the_same_rounds(models, monkeypatch, name):
     """Planted: the old fixed-shape "resampled" rule (accepted < len(the path's tokens)) in the fixed-shape path alone,
-    which names a rejection past the end of a shorter accepted candidate a bonus, fails shorter-path-w2."""
+    which names a rejection past the end of a shorter accepted candidate a bonus, fails shorter-path-w2; a draft left
+    on the device (the draft model's, on the fixed-shape path) not cut after its EOS in the round program
+    (fixed_pass.with_device_ids) fails eos-mid-draft, where row 2 drafts its greedy text, EOS (7) second of four."""
     case = CASES[name]
     make = functools.partial(case_drafter, case[0], models)  # a fresh drafter for each run
     tree = rounds_on("tree", monkeypatch, make, case)
@@ -123,11 +128,14 @@ def test_tree_and_fixed_shape_passes_build_the_same_rounds(models, monkeypatch, 
     assert_same(tree, fixed, name)
     rounds = [o for _, o in tree if isinstance(o, Round)]
     kinds = {r.next_kind for r in rounds}
-    assert len(rounds) > 6 and "resampled" in kinds | ({"resampled"} if name == "max-new-tokens" else set())
+    unrejected = {"max-new-tokens", "eos-mid-draft"}  # every draft accepted to its end
+    assert len(rounds) > 6 and "resampled" in kinds | ({"resampled"} if name in unrejected else set())
     if name == "drafter-fails":
         assert sum(isinstance(o, DrafterFailed) for _, o in tree) == 1
     if name == "eos-in-draft":
         assert any(r.next_token_id is None for r in rounds)  # an accepted EOS ended a row
+    if name == "eos-mid-draft":  # cut after its EOS and accepted to it: no next token
+        assert any(r.draft_token_ids == [0, 7] and r.num_accepted == 2 and r.next_token_id is None for r in rounds)
     if name == "max-new-tokens":
         assert all(sum(len(r.emitted_token_ids) for k2, r in tree if k2 == key) == 7 for key in range(3))
 

@@ -82,7 +82,7 @@ def test_under_strict_graphs_an_uncapturable_round_fails_the_run_naming_its_prog
     fixed("strict")
     plant_a_host_read(monkeypatch)
     with pytest.raises(
-        CaptureFailed, match=r"\(\('round', \(\), False, False, False, True, False, 1\), 256\)"
+        CaptureFailed, match=r"\(\('round', \(\), False, False, False, True, False, 1, False, False\), 256\)"
     ) as failure:
         decoded(tiny_model(1, num_layers=1), NoDrafter(), GREEDY)
     assert "item() reads a value back to the host" in str(failure.value)
@@ -100,7 +100,7 @@ def test_without_strict_an_uncapturable_round_runs_eagerly_with_one_line_and_the
         found = decoded(target, NoDrafter(), GREEDY)
     lines = [record.getMessage() for record in caplog.records if "without CUDA graphs" in record.getMessage()]
     assert found == eager
-    assert len(lines) == 1 and "('round', (), False, False, False, True, False, 1)" in lines[0], lines
+    assert len(lines) == 1 and "('round', (), False, False, False, True, False, 1, False, False)" in lines[0], lines
     assert pools_for(target).graphs_failed
 
 
@@ -145,18 +145,19 @@ def test_under_strict_graphs_every_program_kind_is_captured_once_and_replays(fix
 
     all_requests()
     pools, steps = pools_for(target), steps_for(head, TINY_VOCAB)
-    assert {mode for mode, _ in pools.captures} == {
-        ("round", (), False, False, False, True, False, 1),
-        ("round", (), True, False, False, True, False, 1),
-        ("round", (), True, True, False, True, False, 1),
-        ("round", (), True, False, True, True, False, 1),
-        ("round", layers, False, False, False, True, False, 1),
-        # a sampled row's first round: no hidden state yet, no draft
-        ("round", layers, True, False, False, True, False, 1),
-        ("round", layers, True, False, True, True, False, 1),
-        ("round", (), True, False, False, True, True, 1),  # coupled
-        ("round", (), True, False, True, True, True, 1),
-        ("round", (), False, False, False, True, False, 2),  # two candidates a row
+    assert {mode for mode, _ in pools.captures} == {  # ..., width, drafts on the device, chains synced first
+        ("round", (), False, False, False, True, False, 1, False, False),
+        ("round", (), True, False, False, True, False, 1, False, False),
+        ("round", (), True, True, False, True, False, 1, False, False),
+        ("round", (), True, False, True, True, False, 1, True, False),  # the draft model's q and ids
+        ("round", layers, False, False, False, True, False, 1, False, False),  # a row's first round: no hidden state
+        ("round", layers, False, False, False, True, False, 1, True, False),  # the head's ids
+        ("round", layers, True, False, False, True, False, 1, False, False),
+        ("round", layers, True, False, True, True, False, 1, True, False),  # the head's q and ids
+        ("round", (), True, False, False, True, True, 1, False, False),  # coupled
+        ("round", (), True, False, True, True, True, 1, True, False),
+        ("round", (), False, False, False, True, False, 2, False, False),  # two candidates a row
+        ("round", (), False, False, False, True, False, 2, False, True),  # a chain row copying its path's slots
     }
     assert {(key[0], bucket, captured) for key, bucket, captured in steps.programs} == {
         ("greedy", 1, True),
@@ -165,7 +166,7 @@ def test_under_strict_graphs_every_program_kind_is_captured_once_and_replays(fix
     programs = [p for group in pools.groups for p in group.programs.values()] + list(steps.programs.values())
     assert all(isinstance(program, CheckedProgram) for program in programs)
     captures, head_programs = len(pools.captures), len(steps.programs)
-    assert captures == 10 and not pools.graphs_failed
+    assert captures == 12 and not pools.graphs_failed
     all_requests()
     assert (len(pools.captures), len(steps.programs)) == (captures, head_programs)
 

@@ -16,7 +16,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
-from specdemo.core.chain_round import ENTRIES, HEAD_COLUMNS, VIEW_COLUMNS, chain_verdict, packed_columns
+from specdemo.core.chain_round import ENTRIES, HEAD_COLUMNS, VIEW_COLUMNS, Layout, chain_verdict, packed_columns
 from specdemo.core.rules import STANDARD
 from specdemo.core.stats import emitted_ids
 from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
@@ -250,9 +250,10 @@ def test_a_round_without_the_inspectors_entries_decides_the_same(gpu_path: pytes
         for views in (True, False):
             chain.group.seen.copy_(seen)
             (packed[views],) = verifier.runner.group_round(chain.group, True, True, staging.inputs, views=views)
-    rule = HEAD_COLUMNS + 4 * (PASS_COLUMNS - 1)
-    assert torch.equal(packed[False][:, :rule], packed[True][:, :rule])
-    assert not packed[False][:, rule:].any() and packed[True][:, rule:].any()
+    rule, ids = HEAD_COLUMNS + 4 * (PASS_COLUMNS - 1), Layout(PASS_COLUMNS - 1, 1).ids
+    for part in (slice(0, rule), slice(ids, None)):  # the rule's columns and the drafted ids
+        assert torch.equal(packed[False][:, part], packed[True][:, part])
+    assert not packed[False][:, rule:ids].any() and packed[True][:, rule:ids].any()
 
 
 def test_the_loads_progress_line_counts_the_compiles_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
