@@ -4,11 +4,13 @@ CUDA graph can capture it after the target's pass and the host reads the round b
 `decide_chains` runs on the device for rows of one candidate: the user's settings (core/fixed_rule.py), the rule of
 each row (the standard rule, core/verify.py's verify_chains on counter-based draws, or the coupled rule,
 core/coupled.py's verify_coupled on the row's noise, side by side), the inspector's top entries at every position, and
-the coupled rule's account of each position (core/match_chance.py's path_choices). `decide_trees` runs the standard
-rule for rows of up to W candidates, each candidate a chain row of the group: each row's chains gathered by index,
-core/verify.py's verify_tree over them (static loops over W and K), and the inspector's entries along the accepted
-path with the residual after the candidates tried where it stopped. `chain_verdict` runs on the host over one row of
-the packed tensor and gives the row's verdict (core/verdicts.py) as the eager rule gives it."""
+the coupled rule's account of each position (core/match_chance.py's path_choices). `decide_trees` runs rows of up to
+W candidates, each candidate a chain row of the group: each row's chains gathered by index, core/verify.py's
+verify_tree over them (static loops over W and K) or, for coupled rows, verify_coupled on the row's noise, the
+inspector's entries along the accepted path with the residual after the candidates tried where it stopped (p itself
+for coupled rows), and the coupled rule's account of each position of the path over the candidates alive there.
+`chain_verdict` runs on the host over one row of the packed tensor and gives the row's verdict (core/verdicts.py) as
+the eager rule gives it."""
 
 # R = chain rows, n = columns of a pass (K+1), K = n-1 drafted columns, V = vocab_size, E = TOP_ENTRIES,
 # M = 2E + 2 entries a position keeps (top by max(p, q), top by residual, the drafted token, the next token),
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 from torch.nn.functional import one_hot, pad
 
-from specdemo.core.coupled import verify_coupled
+from specdemo.core.coupled import alive_along, verify_coupled
 from specdemo.core.fixed_rule import (
     RowSettings,
     one_hot_first_max,
@@ -32,7 +34,7 @@ from specdemo.core.fixed_rule import (
     seen_along,
 )
 from specdemo.core.inspection import TOP_ENTRIES, PositionView
-from specdemo.core.match_chance import match_probability
+from specdemo.core.match_chance import alive_candidates, match_probability
 from specdemo.core.rounds import CandidateTrace, CoupledChoice
 from specdemo.core.rules import CoupledRule
 from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
@@ -159,8 +161,10 @@ def decide_chains(
             residual = torch.where(coupled.rows[:, None, None], target_probs, residual)
         parts.append(_view_entries(target_probs, draft, residual, marked))
         if coupled is not None and verdict.choices is not None:
-            made = (coupled.noise, draft_ids, verdict.choices, draft_probs is not None)
-            parts.append(_choice_entries(target_probs, draft_one_hot, *made))
+            drafted_ids = pad(draft_ids, (0, 1))  # [R, n] x, the one candidate (0 at the bonus column)
+            fixed = _fixed_chance(target_probs, drafted_ids[..., None], torch.ones_like(drafted_ids[..., None]).bool())
+            made = (coupled.noise, drafted_ids, verdict.choices, fixed, draft_probs is not None)
+            parts.append(_choice_entries(target_probs, draft, *made))
     packed = torch.cat(parts, 1)
     packed = pad(packed, (0, Layout(num_draft, 1).ids - packed.shape[1]))  # zeros where nothing is shown
     packed = torch.cat([packed, draft_ids.double()], 1)  # [R, P]
@@ -196,12 +200,13 @@ def decide_trees(
     sampled: bool,  # some row samples
     views: bool,  # some row shows the inspector's entries
     trees: TreeRows,
+    coupled: CoupledRows | None = None,  # None: every row runs the standard rule; else read at each row's first
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """decide_chains for rows of up to W candidates under the standard rule: each row's chains gathered into
-    [R, W, n, V] p and [R, W, K, V] q, core/verify.py's verify_tree on the row's draws (test j of candidate w takes
-    draw j * W_row + w of its round, as the eager rule's), packed at the row's first chain row (Layout). Returns the
-    packed rows, the seen rows after the emitted tokens, the chain row where each row's next logits were read (its
-    path's) and the accepted counts."""
+    """decide_chains for rows of up to W candidates: each row's chains gathered into [R, W, n, V] p and
+    [R, W, K, V] q, core/verify.py's verify_tree on the row's draws (test j of candidate w takes draw j * W_row + w of
+    its round, as the eager rule's) and, for coupled rows, core/coupled.py's verify_coupled on the row's noise, packed
+    at the row's first chain row (Layout). Returns the packed rows, the seen rows after the emitted tokens, the chain
+    row where each row's next logits were read (its path's) and the accepted counts."""
     _, num_columns, vocab_size = logits.shape
     num_rows, width = trees.chains.shape
     num_draft = num_columns - 1
@@ -222,6 +227,10 @@ def decide_trees(
     tree_p = target_probs.index_select(0, flat).view(num_rows, width, num_columns, vocab_size)
     uniforms = _tree_uniforms(seeds, counters, trees.widths, num_draft, width)  # [R, K*W + 1]
     verdict = verify_tree(tree_ids, tree_lengths, tree_q, tree_p, uniforms)
+    if coupled is not None:
+        decided = verify_coupled(tree_ids, tree_lengths, tree_q, tree_p, coupled.noise)
+        assert decided.noise is not None
+        verdict = _with_coupled(verdict, replace(decided, uniforms=decided.noise, noise=None), coupled.rows)
     accepted, next_ids, path = verdict.num_accepted, verdict.next_token_ids, verdict.path  # [R] each
     live = candidate & real[:, None]  # [R, W]
     verified = torch.arange(num_columns, device=ids.device) <= lengths[:, None]  # [R, n] per chain
@@ -231,15 +240,21 @@ def decide_trees(
     unshown = torch.zeros(
         num_rows, num_columns * (VIEW_COLUMNS + CHOICE_COLUMNS), dtype=torch.float64, device=ids.device
     )
-    parts = [_rule_columns(verdict, *nonfinite), unshown]  # no choices: the standard rule alone
+    parts = [_rule_columns(verdict, *nonfinite), unshown]
     if views:
         rows = torch.arange(num_rows, device=ids.device)
         path_p, path_ids = tree_p[rows, path], tree_ids[rows, path]  # [R, n, V], [R, K]
         marked = torch.stack([torch.cat([path_ids, path_ids[:, :1]], 1), next_ids[:, None].expand(-1, num_columns)], 2)
         tried = torch.cat([verdict.tested, torch.zeros_like(verdict.tested[..., :1])], 2)  # [R, W, n]
+        if coupled is not None:  # the coupled rule draws the next token from p itself
+            tried = tried & ~coupled.rows[:, None, None]
         residual = _tree_residual(path_p, pad(tree_q, (0, 0, 0, 1)), tried)
-        entries = _view_entries(path_p, pad(tree_q[rows, path], (0, 0, 0, 1)), residual, marked)
-        parts[1] = pad(entries, (0, num_columns * CHOICE_COLUMNS))
+        shown = [_view_entries(path_p, pad(tree_q[rows, path], (0, 0, 0, 1)), residual, marked)]
+        if coupled is not None and verdict.choices is not None:
+            tree = (tree_ids, tree_lengths, tree_q, path_p)
+            shown.append(_tree_choices(*tree, verdict, coupled.noise, draft_probs is not None))
+        shown_columns = torch.cat(shown, 1)
+        parts[1] = pad(shown_columns, (0, unshown.shape[1] - shown_columns.shape[1]))  # zeros where none are shown
     parts += [path[:, None].double(), *(table.double().flatten(1) for table in (verdict.tested, verdict.accepted))]
     packed = torch.cat([*parts, tree_ids.double().flatten(1)], 1)  # [R, P]
     path_chain = trees.chains.gather(1, path[:, None])[:, 0]  # [R]
@@ -248,6 +263,34 @@ def decide_trees(
         emitted = select_positions(seen_at.index_select(0, path_chain), accepted) | one_hot(next_ids, vocab_size).bool()
         seen_after = torch.where(real[:, None], emitted, seen)
     return packed, seen_after, path_chain, accepted
+
+
+def _tree_choices(
+    draft_ids: torch.Tensor,  # [R, W, K] int64 each candidate's tokens
+    draft_lengths: torch.Tensor,  # [R, W] int64
+    draft_probs: torch.Tensor,  # [R, W, K, V] each candidate's q
+    target_probs: torch.Tensor,  # [R, n, V] p along the path
+    verdict: CandidateVerdict,  # the rows' verdicts, the coupled rows' picked
+    noise: torch.Tensor,  # [R, n, V] float64 G
+    sampled_drafts: bool,  # some row's q is a sampling drafter's (a coupled row of one candidate)
+) -> torch.Tensor:  # [R, n * CHOICE_COLUMNS] float64
+    """_choice_entries along each row's path: x is the first candidate alive at each position (the path's, where it
+    ended a longer one on it) and F the distinct tokens of the candidates alive there (match_chance.path_choices)."""
+    num_rows, _, num_draft = draft_ids.shape
+    path, accepted = verdict.path, verdict.num_accepted  # [R] each
+    assert verdict.choices is not None
+    alive = alive_along(draft_ids, draft_lengths, path, accepted)  # [R, W, K]
+    rows = torch.arange(num_rows, device=draft_ids.device)
+    first = torch.where(alive[rows, path], path[:, None], alive.long().argmax(dim=1))  # [R, K]
+    depth = torch.arange(num_draft, device=draft_ids.device)
+    x_ids, x_q = draft_ids[rows[:, None], first, depth], draft_probs[rows[:, None], first, depth]  # [R, K], [R, K, V]
+    same = (draft_ids[:, :, None] == draft_ids[:, None]) & alive[:, None]  # [R, W, W', K] w' alive with w's token
+    earlier = torch.ones_like(same[0, :, :, 0]).tril(-1)[None, ..., None]  # [1, W, W', 1] w' before w
+    counted = alive & ~(same & earlier).any(dim=2)  # [R, W, K] each alive token once
+    tokens, once = (pad(table.transpose(1, 2), (0, 0, 0, 1)) for table in (draft_ids, counted))  # [R, n, W] each
+    fixed = _fixed_chance(target_probs, tokens, once)
+    made = (noise, pad(x_ids, (0, 1)), verdict.choices, fixed, sampled_drafts)
+    return _choice_entries(target_probs, pad(x_q, (0, 0, 0, 1)), *made)
 
 
 def _tree_uniforms(
@@ -347,21 +390,32 @@ def _view_entries(
     return torch.cat([ids.double(), *values, totals], 2).reshape(num_rows, num_columns * VIEW_COLUMNS)
 
 
+def _fixed_chance(
+    target_probs: torch.Tensor,  # [R, n, V] p along the path
+    tokens: torch.Tensor,  # [R, n, A] int64 the tokens of the candidates alive at each position
+    counted: torch.Tensor,  # [R, n, A] bool: alive, and its token not an earlier alive candidate's
+) -> torch.Tensor:  # [R, n] float64
+    """p(F), p normalised, F the fixed tokens alive at each position: the chance that y is one of them
+    (match_chance.node_chances for one-hot q)."""
+    p = target_probs.double()
+    return (p.gather(2, tokens) * counted).sum(-1) / p.sum(-1)
+
+
 def _choice_entries(
-    target_probs: torch.Tensor,  # [R, n, V] p
-    draft_probs: torch.Tensor,  # [R, K, V] q (0 past a row's draft)
+    target_probs: torch.Tensor,  # [R, n, V] p along the path
+    draft_probs: torch.Tensor,  # [R, n, V] q of x, the first candidate alive at each position (0 where none)
     noise: torch.Tensor,  # [R, n, V] float64 G
-    draft_ids: torch.Tensor,  # [R, K] int64 x
+    draft_ids: torch.Tensor,  # [R, n] int64 x (0 where none)
     choices: torch.Tensor,  # [R, n] int64 y = argmax(log p + G)
+    fixed: torch.Tensor,  # [R, n] float64 p(F) of the fixed tokens alive (_fixed_chance)
     sampled_drafts: bool,  # some row's q is a sampling drafter's (else every q is one-hot)
 ) -> torch.Tensor:  # [R, n * CHOICE_COLUMNS] float64
-    """match_chance.path_choices at every drafted position, W = 1: y and x with their log p + G and G, 1 - TV(p, q),
-    and the chance that x is y: p(x) for a one-hot q (a fixed token), else match_probability's bounds. The last
-    column holds y alone (the bonus position: nothing drafted there)."""
+    """match_chance.path_choices at every position of the path: y and x with their log p + G and G, 1 - TV(p, q of
+    x), and the chance that y is one of the candidates alive there: p(F) for fixed tokens, match_probability's bounds
+    for a lone sampled candidate (a row of one). Where nothing is alive (the bonus) only y is read back."""
     num_rows, num_columns, _ = target_probs.shape
     p = target_probs.double()  # [R, n, V]
-    q = pad(draft_probs, (0, 0, 0, 1)).double()  # [R, n, V] nothing drafted at the last column
-    drafted = pad(draft_ids, (0, 1))[..., None]  # [R, n, 1]
+    q = draft_probs.double()  # [R, n, V]
 
     def scored(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [R, n, 1] -> 2 x [R, n]
         value = noise.gather(2, tokens)[..., 0]
@@ -369,13 +423,12 @@ def _choice_entries(
 
     target_norm, draft_norm = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)  # q: NaN where none drafted
     overlap = torch.minimum(target_norm, draft_norm).sum(-1)  # [R, n] 1 - TV
-    fixed = target_norm.gather(2, drafted)[..., 0]  # [R, n] y in {x}
     low = high = fixed
     if sampled_drafts:
         lone = (q > 0).sum(-1) != 1  # [R, n] q is not one-hot: match_probability
         bounds = match_probability(target_probs, q)
         low, high = (torch.where(lone, bound, fixed) for bound in bounds)
-    columns = [choices.double(), *scored(choices[..., None]), *scored(drafted), overlap, low, high]  # 8 x [R, n]
+    columns = [choices.double(), *scored(choices[..., None]), *scored(draft_ids[..., None]), overlap, low, high]
     return torch.stack(columns, 2).reshape(num_rows, num_columns * CHOICE_COLUMNS)
 
 
@@ -398,7 +451,7 @@ def chain_verdict(
     if ask.views:
         views = read_views(packed, layout, tokens, accepted, next_id if ask.next_follows(path, accepted) else None)
         if isinstance(ask.rule, CoupledRule):
-            choices = read_choices(packed, layout, tokens, accepted)
+            choices = read_choices(packed, layout, ask.candidates, path, accepted)
     return RowVerdict(
         candidates=tuple(_trace(packed, layout, ask, accepted)),
         path=path,
@@ -450,19 +503,22 @@ def _trace(packed: np.ndarray, layout: Layout, ask: RoundAsk, num_accepted: int)
 def read_choices(
     packed: np.ndarray,  # [P] float64: one row
     layout: Layout,
-    drafted: list[int],  # the row's drafted tokens
+    candidates: list[list[int]],  # the row's candidates
+    path: int,
     num_accepted: int,
 ) -> tuple[CoupledChoice, ...]:
-    """match_chance.path_choices from the packed entries: a choice per tested position, y alone at the bonus."""
+    """match_chance.path_choices from the packed entries: a choice per position of the path, with x the first
+    candidate alive there and how many are; y alone where none is (the bonus)."""
     shown = []
-    for position in range(min(num_accepted + 1, len(drafted) + 1)):
+    for position, alive in enumerate(alive_candidates(candidates, path, num_accepted)):
         start = layout.choices + position * CHOICE_COLUMNS
         y, y_score, y_noise, x_score, x_noise, overlap, low, high = packed[start : start + CHOICE_COLUMNS].tolist()
         target = (int(y), y_score, y_noise)
-        if position == len(drafted):
+        if not alive:
             shown.append(CoupledChoice(*target, None, None, None, None, None, None))
-        else:
-            shown.append(CoupledChoice(*target, drafted[position], x_score, x_noise, overlap, low, high, num_alive=1))
+            continue
+        x = candidates[alive[0]][position]
+        shown.append(CoupledChoice(*target, x, x_score, x_noise, overlap, low, high, num_alive=len(alive)))
     return tuple(shown)
 
 

@@ -139,11 +139,7 @@ def verify_coupled(
     path = reached.argmax(dim=1)  # [B] the first of the longest: the walk's choice at every depth
     rows = torch.arange(num_rows, device=device)
     num_accepted = reached[rows, path].clamp(min=0)  # [B]
-    on_path = draft_token_ids[rows, path]  # [B, K]
-    # Candidate w meets depth j while its first j tokens are the path's and the path got that far.
-    same_prefix = (draft_token_ids == on_path[:, None]).long().cumprod(dim=2)  # [B, W, K] equal through depth j
-    alive = torch.cat([torch.ones_like(same_prefix[..., :1]), same_prefix[..., :-1]], 2).bool()  # through j - 1
-    alive = alive & drafted & (depth <= num_accepted[:, None, None])
+    alive = alive_along(draft_token_ids, draft_lengths, path, num_accepted)  # [B, W, K]
     path_choice = choices[rows, path]  # [B, K+1] y along the accepted path
     hit = alive & (draft_token_ids == path_choice[:, None, :num_draft])  # [B, W, K]
     earlier = (hit.long().cumsum(dim=1) - hit.long()) > 0  # a candidate before w already matched at j
@@ -167,3 +163,18 @@ def verify_coupled(
         next_token_probs=node.gather(1, next_ids[:, None]).squeeze(1).float(),
         choices=path_choice,
     )
+
+
+def alive_along(
+    draft_token_ids: torch.Tensor,  # [B, W, K] int64
+    draft_lengths: torch.Tensor,  # [B, W] int64
+    path: torch.Tensor,  # [B] int64 the accepted path's candidate
+    num_accepted: torch.Tensor,  # [B] int64
+) -> torch.Tensor:  # [B, W, K] bool
+    """The candidates alive at each depth j of the path: longer than j, their first j tokens the path's, and the path
+    got that far (match_chance.alive_candidates on the host)."""
+    depth = torch.arange(draft_token_ids.shape[2], device=draft_token_ids.device)  # [K]
+    on_path = draft_token_ids[torch.arange(len(path), device=path.device), path]  # [B, K]
+    same_prefix = (draft_token_ids == on_path[:, None]).long().cumprod(dim=2)  # [B, W, K] equal through depth j
+    alive = torch.cat([torch.ones_like(same_prefix[..., :1]), same_prefix[..., :-1]], 2).bool()  # through j - 1
+    return alive & (depth < draft_lengths[..., None]) & (depth <= num_accepted[:, None, None])

@@ -219,6 +219,16 @@ def node_chances(
     return chances
 
 
+def alive_candidates(candidates: list[list[int]], path: int, num_accepted: int) -> list[list[int]]:
+    """Per position 0..num_accepted of the path, the candidates tested there (on the path so far, long enough): the
+    path's first, then the others in order (where the path ended, the longer ones on it); none at the bonus."""
+    drafted = candidates[path] if candidates else []
+    return [
+        sorted((w for w, c in enumerate(candidates) if len(c) > j and c[:j] == drafted[:j]), key=lambda w: w != path)
+        for j in range(num_accepted + 1)
+    ]
+
+
 def path_choices(
     target_probs: torch.Tensor,  # [K+1, V] p along the accepted path
     draft_probs: torch.Tensor,  # [W, K, V] q of each candidate
@@ -231,11 +241,7 @@ def path_choices(
     """The inspector's account of each tested position of the path: y and x with their log p + G and G, and at a
     drafted position the chance of a match: for the coupled rule, that one of the candidates alive there (on the path
     so far, long enough) is y; for the standard rule, that it accepts x's candidate (1 - TV)."""
-    drafted = candidates[path] if candidates else []
-    alive = [  # per position, the candidates tested there: the path's first (where the path ended, a longer one)
-        sorted((w for w, c in enumerate(candidates) if len(c) > j and c[:j] == drafted[:j]), key=lambda w: w != path)
-        for j in range(num_accepted + 1)
-    ]
+    alive = alive_candidates(candidates, path, num_accepted)
     tested = [j for j in range(num_accepted + 1) if alive[j]]
     chances = node_chances(target_probs[tested], [draft_probs[alive[j], j] for j in tested])
     p, q = target_probs[tested].double(), draft_probs[[alive[j][0] for j in tested], tested].double()  # [n, V] x's q

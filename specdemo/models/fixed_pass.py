@@ -192,7 +192,7 @@ def round_rule(
     sampled: bool,  # some row samples
     views: bool,  # the inspector's entries packed
     coupled: bool,  # some row runs the coupled rule
-    width: int,  # the most candidates of a row: > 1, rows of several chain rows under the standard rule
+    width: int,  # the most candidates of a row: > 1, rows of several chain rows (core/chain_round.decide_trees)
     inputs: torch.Tensor,  # [R, INPUT_COLUMNS] float64
     logits: torch.Tensor,  # [R, n, V] the pass's
     seen: torch.Tensor | None,  # [R, V] bool where a row has a penalty
@@ -218,13 +218,13 @@ def round_rule(
         sampled,
         views,
     )
+    coupled_rows = _coupled_rows(inputs, column, logits.shape[-1]) if coupled else None
     if width > 1:
         chains = torch.stack([column[f"chain_{w}"] for w in range(width)], 1).long()  # [R, W]
         trees = TreeRows(chains, column["width"].long(), column["head"].long())
-        packed, seen_after, read_at, accepted = decide_trees(*decided, trees)
+        packed, seen_after, read_at, accepted = decide_trees(*decided, trees, coupled_rows)
         hidden = None if hidden is None else hidden.index_select(0, read_at)
     else:
-        coupled_rows = _coupled_rows(inputs, column, logits.shape[-1]) if coupled else None
         packed, seen_after, accepted = decide_chains(*decided, coupled_rows)
     return packed, seen_after, None if hidden is None else select_positions(hidden, accepted)
 
@@ -234,8 +234,9 @@ def _coupled_rows(
     column: dict[str, torch.Tensor],  # the rows' columns, each [R]
     vocab_size: int,
 ) -> CoupledRows:
-    """The coupled rows, and every row's noise at its round's positions: from its sequence's length (column 0's
-    position + 1) on, integer operations on the device (core/coupled.gumbel_noise)."""
+    """The coupled rows, and every chain row's noise at its round's positions: from its sequence's length (column 0's
+    position + 1) on, integer operations on the device (core/coupled.gumbel_noise); a row's chain rows share their
+    positions, so each holds its row's noise."""
     n = PASS_COLUMNS
     positions = inputs[:, n : n + 1].long() + 1 + torch.arange(n, device=inputs.device)  # [R, n]
     return CoupledRows(column["coupled"].bool(), gumbel_noise(column["seed"].long(), positions, vocab_size))

@@ -12,8 +12,8 @@ text is the same in any batch, bit for bit (docs/how-it-works.md; tests/models/t
 
 Rows decode in groups of PASS_ROWS chain rows kept for the process (models/pools.py). On CUDA a group's round is one
 captured program (models/graphs.py, models/fixed_pass.py): the pass, the user's settings, the rule and the inspector's
-entries (core/chain_round.py), for rows of one candidate under the standard or the coupled rule and rows of up to
-PASS_ROWS candidates under the standard rule (each candidate a chain row of the row's group), read from one input
+entries (core/chain_round.py), for rows of one candidate and rows of up to PASS_ROWS candidates (each candidate a
+chain row of the row's group) under the standard or the coupled rule (its candidates fixed tokens), read from one input
 buffer and read back in one copy, so the host waits once a round, on an event recorded on its stream (graphs.wait),
 never on the whole device. A replay runs the kernels its capture recorded, so its numbers are the eager program's bit
 for bit. Passes and rounds hold graphs.DEVICE_WORK, as every capture does, so one capture runs at a time and no other
@@ -136,8 +136,8 @@ class _Fed:
 
 class FixedShapeModel(CachedModel):
     """TreeCachedModel's contract (logits_for="all"), with every pass of one shape (see the module's docstring), and
-    `decide`: whole rounds on the device, of one-candidate rows (standard and coupled) and of rows of several
-    candidates (standard)."""
+    `decide`: whole rounds on the device, of one-candidate rows and of rows of several candidates, under either rule
+    (in_program)."""
 
     def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
         super().__init__(model, hidden_layers)
@@ -302,9 +302,10 @@ class FixedShapeModel(CachedModel):
         graphs.free_cached_memory(self.device)
 
     def _prepare(self, key: Hashable, request: RowRequest, synced: list[_Sync] | None = None) -> int:
-        """The row's chains (one per candidate) each hold its sequence but the last token; returns the tokens read. A
-        chain that lacks some is copied from the fullest one: in `synced`, where given and both are in one group, for
-        the round program to copy (sync_chains), else here."""
+        """The row's chains this pass feeds (one per candidate) each hold its sequence but the last token, read or
+        copied from its fullest chain (a chain the pass leaves out is brought up when a pass feeds it); returns the
+        tokens read. A copy within one group goes to `synced` where given, for the round program to make
+        (sync_chains)."""
         assert request.logits_for == "all", "fixed-shape passes give every position's logits"
         trunk = request.trunk_ids
         assert all(len(b) < PASS_COLUMNS for b in request.branch_ids), (
@@ -316,7 +317,8 @@ class FixedShapeModel(CachedModel):
             if row is not None:
                 self._release(row)
             row = self.rows[key] = _Row([self._take(slot_bucket(needed))])  # it reads its whole sequence again
-        while len(row.chains) < max(1, len(request.branch_ids)):
+        width = max(1, len(request.branch_ids))
+        while len(row.chains) < width:
             row.chains.append(self._take(row.slots, near=row.chains[0].group))
         known = len(trunk) - 1
         held = [chain.common(trunk, known) for chain in row.chains]
@@ -324,7 +326,7 @@ class FixedShapeModel(CachedModel):
         read = known - max(held)
         if read:
             self._read(best, trunk, max(held), known)
-        for chain, common in zip(row.chains, held, strict=True):
+        for chain, common in zip(row.chains[:width], held, strict=False):  # the chains this pass feeds
             if chain is not best and common < known:
                 if synced is not None and chain.group is best.group:
                     synced.append(_Sync(key, best.group, best.local, chain.local, common, known))
@@ -379,9 +381,8 @@ class FixedShapeModel(CachedModel):
     @torch.inference_mode()
     def decide(self, asked: dict[Hashable, RoundAsk]) -> dict[Hashable, RowVerdict | Overflowed | Exception]:
         """Every row's round: whole on the device where every row's round runs in the captured program (in_program),
-        else the pass and the eager rule (CachedModel.decide). Rows the program cannot hold take the pass and the eager
-        rule beside it: a row whose candidates' chain rows are not all in one group, and the rows of a group where a
-        coupled row meets a row of several candidates."""
+        else the pass and the eager rule (CachedModel.decide). A row whose candidates' chain rows are not all in one
+        group takes the pass and the eager rule beside the program."""
         if not all(self.in_program(ask) for ask in asked.values()):
             return super().decide(asked)
         asked = dict(asked)
@@ -398,10 +399,6 @@ class FixedShapeModel(CachedModel):
                 else:
                     eager.append(key)
             modes = {group: _round_mode(self.hidden_layers, rows) for group, rows in members.items()}
-            for group, mode in list(modes.items()):
-                if mode[6] and mode[7] > 1:  # the coupled rule's choices over several candidates are made on the host
-                    eager += [key for key, _, _ in members.pop(group)]
-                    del modes[group]
             decided: dict[Hashable, RowVerdict | Overflowed | Exception] = {}
             eager_seconds = 0.0
             for sync in synced:  # a copy the program does not make (its group's round is eager, or the row's) made here
@@ -440,10 +437,14 @@ class FixedShapeModel(CachedModel):
             return {key: decided[key] for key in asked}
 
     def in_program(self, ask: RoundAsk) -> bool:
-        """The row's round runs in the captured program: the engine's own rule, at most one candidate under the coupled
-        rule (its choices over several candidates are made on the host) and MAX_NUM_CANDIDATES under the standard
-        rule, of token ids in the vocabulary (the eager rule says which id is not)."""
-        most = 1 if isinstance(ask.rule, CoupledRule) else MAX_NUM_CANDIDATES
+        """The row's round runs in the captured program: the engine's own rule, of token ids in the vocabulary (the
+        eager rule says which id is not; a captured drafter's ids still on the device are), and MAX_NUM_CANDIDATES
+        candidates, except a coupled row with a sampling drafter's q (the head's or a draft model's beams): one. Over
+        several sampled candidates the coupled rule's match chance (match_chance.top_match_probability) takes shapes
+        that depend on the data (the tokens that can match, the pieces the others merge into), which a captured
+        program cannot hold; fixed tokens (prompt lookup, the suffix drafter) need p(F) alone."""
+        sampled_coupled = isinstance(ask.rule, CoupledRule) and ask.draft_probs is not None
+        most = 1 if sampled_coupled else MAX_NUM_CANDIDATES
         if isinstance(ask.candidates, DeviceIds):  # a captured drafter's ids, in the vocabulary
             known = len(ask.eos_token_ids) <= EOS_COLUMNS
         else:

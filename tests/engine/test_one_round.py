@@ -1,7 +1,9 @@
 """One Round builder: the same rows decoded through tree passes and through fixed-shape passes (the GPU's, forced on
 the CPU, its round program run eagerly) give the same Rounds, field by field (timings aside; floats to 1e-5, since
 the two passes may sum in other orders), whatever decided them: greedy, sampled and coupled rows, one and three
-candidates, an EOS inside a draft, a drafter that fails on one row, a row cut by max_new_tokens."""
+candidates, an EOS inside a draft, a drafter that fails on one row, a row cut by max_new_tokens. Coupled rows of three
+fixed-token candidates (prompt lookup, the suffix drafter) run in the round program on the fixed-shape path, no
+round of theirs decided by the eager rule."""
 
 # K = num_draft_tokens, W = num_candidates
 
@@ -16,10 +18,11 @@ import pytest
 import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.eager_round import decide_rows
 from specdemo.core.rounds import Round
 from specdemo.drafters.base import Draft, Drafter, DraftRequest
 from specdemo.engine.decoding import BatchDecoder, DrafterFailed
-from specdemo.models import graphs, passes
+from specdemo.models import graphs, passes, tree_cache
 from tests.engine.test_batch import PROMPTS
 from tests.helpers import tiny_drafter, tiny_model, tiny_recurrent_head
 
@@ -70,12 +73,15 @@ CASES = {
     "greedy-w3": ("recurrent", SamplingConfig(), 4, 3, frozenset(), 20),
     "sampled-w3": ("recurrent", SAMPLED, 4, 3, frozenset(), 20),
     "coupled-w3": ("recurrent", COUPLED, 4, 3, frozenset(), 20),
+    "coupled-w3-lookup": ("ngram", COUPLED, 4, 3, frozenset(), 20),
+    "coupled-w3-suffix": ("suffix", COUPLED, 4, 3, frozenset(), 20),
     "eos-in-draft": ("model", SamplingConfig(), 4, 1, frozenset({1}), 30),  # a row accepts a drafted EOS
     "eos-mid-draft": ("self", SamplingConfig(), 4, 1, frozenset({7}), 20),  # see the test below
     "drafter-fails": ("failing", SAMPLED, 4, 1, frozenset(), 20),
     "max-new-tokens": ("ngram", SamplingConfig(), 8, 1, frozenset(), 7),
     "shorter-path-w2": ("two", SamplingConfig(), 2, 2, frozenset(), 12),  # see the test below
 }
+IN_PROGRAM = {"coupled-w3-lookup", "coupled-w3-suffix"}  # every fixed-shape round decided in the round program
 
 
 def rounds_on(
@@ -117,16 +123,27 @@ def assert_same(tree: object, fixed: object, where: str) -> None:
 @pytest.mark.parametrize("name", list(CASES))
 def test_tree_and_fixed_shape_passes_build_the_same_rounds(models, monkeypatch, name):
     """Planted: the old fixed-shape "resampled" rule (accepted < len(the path's tokens)) in the fixed-shape path alone,
-    which names a rejection past the end of a shorter accepted candidate a bonus, fails shorter-path-w2; a draft left
-    on the device (the draft model's, on the fixed-shape path) not cut after its EOS in the round program
-    (fixed_pass.with_device_ids) fails eos-mid-draft, where row 2 drafts its greedy text, EOS (7) second of four."""
+    which names a rejection past the end of a shorter accepted candidate a bonus, fails shorter-path-w2;
+    FixedShapeModel.in_program refusing coupled rows of several candidates fails coupled-w3-lookup and -suffix (their
+    rounds then go to the eager rule); a draft left on the device (the draft model's, on the fixed-shape path) not cut
+    after its EOS in the round program (fixed_pass.with_device_ids) fails eos-mid-draft, where row 2 drafts its greedy
+    text, EOS (7) second of four."""
     case = CASES[name]
     make = functools.partial(case_drafter, case[0], models)  # a fresh drafter for each run
     tree = rounds_on("tree", monkeypatch, make, case)
+    eager: list[int] = []  # rows the fixed-shape path decided by the eager rule, per call
+
+    def counted(asks: list, logits: list) -> list:
+        eager.append(len(asks))
+        return decide_rows(asks, logits)
+
+    monkeypatch.setattr(tree_cache, "decide_rows", counted)
     fixed = rounds_on("fixed", monkeypatch, make, case)
     assert [key for key, _ in tree] == [key for key, _ in fixed]
     assert_same(tree, fixed, name)
     rounds = [o for _, o in tree if isinstance(o, Round)]
+    if name in IN_PROGRAM:
+        assert not eager and max(c.num_alive for r in rounds for c in r.coupled) > 1, (eager, rounds)
     kinds = {r.next_kind for r in rounds}
     unrejected = {"max-new-tokens", "eos-mid-draft"}  # every draft accepted to its end
     assert len(rounds) > 6 and "resampled" in kinds | ({"resampled"} if name in unrejected else set())

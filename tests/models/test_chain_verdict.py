@@ -11,6 +11,7 @@ import math
 from dataclasses import fields, replace
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from specdemo.config import SamplingConfig
@@ -184,24 +185,33 @@ def tree_rows() -> tuple[list[RoundAsk], list[list[int]]]:
     return asks, [[0, 5], [1, 2, 6], [7, 3], [4]]
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """Positions 0..shared_prefix of two candidates are the same node of their row's tree."""
+    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def shared_nodes(logits: torch.Tensor, asks: list[RoundAsk], chains: list[list[int]]) -> None:  # [R, n, V]
+    """Each candidate's logits made its earlier siblings' at the positions whose prefix they share (as a pass gives
+    them)."""
+    for row, rows in zip(asks, chains, strict=True):
+        for w, tokens in enumerate(row.candidates):
+            for other, r in zip(row.candidates[:w], rows, strict=False):
+                shared = shared_prefix(tokens, other) + 1
+                logits[rows[w], :shared] = logits[r, :shared]
+
+
 def tree_logits(asks: list[RoundAsk], chains: list[list[int]]) -> torch.Tensor:  # [R, n, V] float32
     """Random logits, the same at the positions whose prefix two candidates share (as a pass gives them), each
     candidate's tokens made likely at its first two positions; the greedy row's longer candidate rejected at depth 2,
     the beams' first candidate at depth 0, and both of the third row's candidates at depth 1."""
     generator = torch.Generator().manual_seed(3)
     logits = torch.randn(sum(map(len, chains)), PASS_COLUMNS, VOCAB, generator=generator)
-
-    def shared(a: list[int], b: list[int]) -> int:  # positions 0..shared are the same node for both
-        return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
+    shared_nodes(logits, asks, chains)
     for row, rows in zip(asks, chains, strict=True):
-        for w, tokens in enumerate(row.candidates):
-            for v, other in enumerate(row.candidates[:w]):
-                logits[rows[w], : shared(tokens, other) + 1] = logits[rows[v], : shared(tokens, other) + 1]
         for tokens in row.candidates:
             for j, token in enumerate(tokens[:2]):
                 for other, r in zip(row.candidates, rows, strict=True):
-                    logits[r, j, token] += PEAKED if shared(tokens, other) >= j else 0.0
+                    logits[r, j, token] += PEAKED if shared_prefix(tokens, other) >= j else 0.0
     logits[chains[0][1], 2, asks[0].candidates[1][2]] = -PEAKED
     logits[chains[1], 0, asks[1].candidates[0][0]] = -PEAKED
     for r in chains[2]:  # 14 kept likely enough that the residual after it differs from the one after 12 alone
@@ -210,20 +220,21 @@ def tree_logits(asks: list[RoundAsk], chains: list[list[int]]) -> torch.Tensor: 
 
 
 def tree_program_verdicts(asks: list[RoundAsk], chains: list[list[int]], logits: torch.Tensor) -> list:
-    """The round program of rows with several candidates on `logits`, from the input buffer its rows write, each
-    row's verdict read back at its first chain row."""
+    """The round program of rows with several candidates on `logits` (one chain row each, as many as there are), from
+    the input buffer its rows write, each row's verdict read back at its first chain row."""
     width = max(len(row.candidates) for row in asks)
-    staging = staging_for(SimpleNamespace(slots=256), packed_columns(PASS_COLUMNS, width), torch.device("cpu"))
-    staging.write[:] = staging.blank
+    blank = staging_for(SimpleNamespace(slots=256), packed_columns(PASS_COLUMNS, width), torch.device("cpu")).blank
+    inputs = np.tile(blank, (len(logits), 1))  # [R, INPUT_COLUMNS]
     seen = torch.zeros(len(logits), VOCAB, dtype=torch.bool)  # [R, V]
     given = torch.zeros(len(logits), PASS_COLUMNS - 1, VOCAB)  # [R, K, V]
     for row, rows in zip(asks, chains, strict=True):
-        write_tree(staging.write, rows, row)
+        write_tree(inputs, rows, row)
         seen[rows[0], row.trunk_ids] = True
         for w, (tokens, r) in enumerate(zip(row.candidates, rows, strict=True)):
             if row.draft_probs is not None:
                 given[r, : len(tokens)] = row.draft_probs[w, : len(tokens)]
-    packed, _, _ = round_rule(True, True, False, width, staging.inputs, logits, seen, given, None)
+    coupled = any(row.sampling.is_coupled for row in asks)
+    packed, _, _ = round_rule(True, True, coupled, width, torch.from_numpy(inputs), logits, seen, given, None)
     return [chain_verdict(packed[rows[0]].numpy(), row, width) for row, rows in zip(asks, chains, strict=True)]
 
 
@@ -258,3 +269,73 @@ def test_the_round_programs_verdict_on_rows_of_several_candidates_is_the_eager_r
     assert [c.tested for c in both.candidates] == [[True, True], [False, True, False]] and both.num_accepted == 1
     assert both.views[-1].residual  # the residual after both candidates tried where the path stopped
     assert beams.path > 0 and beams.candidates[0].tested[0] and not beams.candidates[0].accepted[0]
+
+
+def coupled_tree_rows() -> tuple[list[RoundAsk], list[list[int]]]:
+    """One group of coupled rows with fixed-token candidates beside a standard row of two and coupled rows of one (a
+    fixed draft, a sampling drafter's q), and each row's chain rows (interleaved): three candidates, two sharing a
+    prefix, the later one matching y to its end; two with top-k and a penalty, the shorter first, the longer tested
+    past its end; two, the first ending in an EOS it accepts; two that match nothing."""
+    generator = torch.Generator().manual_seed(4)
+    trunk = [3, 17, 5, 22, 9, 30]
+    tokens, probs = sampled_draft(generator, 3)
+    coupled = SamplingConfig(temperature=1.0, rule="coupled")
+    penalised = SamplingConfig(temperature=0.8, top_k=6, repetition_penalty=1.2, rule="coupled")
+    asks = [
+        tree_ask(coupled, trunk, [[4, 8, 15, 16], [4, 8, 23], [7, 1]], 1),
+        tree_ask(penalised, trunk, [[6, 12], [6, 12, 14]], 2),
+        tree_ask(coupled, trunk[:4], [[11, 39], [2, 9, 10]], 3),
+        tree_ask(coupled, trunk, [[13, 2], [18]], 4),
+        tree_ask(SamplingConfig(temperature=1.0), trunk, [[20, 21], [20, 25, 26]], 5),
+        ask(coupled, trunk, [27, 28, 29], 6),
+        ask(coupled, trunk[:5], tokens, 7, probs),
+    ]
+    return asks, [[0, 7, 12], [1, 8], [2, 9], [3, 10], [4, 11], [5], [6]]
+
+
+def coupled_tree_logits(asks: list[RoundAsk], chains: list[list[int]]) -> torch.Tensor:  # [R, n, V] float32
+    """Random logits, the same at the positions whose prefix two candidates share, with the tokens the rows should
+    match far the likeliest (y is then theirs whatever the noise) and the ones they should miss far the least."""
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(sum(map(len, chains)), PASS_COLUMNS, VOCAB, generator=generator)
+    shared_nodes(logits, asks, chains)
+
+    def lift(row: int, prefix: list[int], token: int, value: float) -> None:  # at the node after prefix
+        for tokens, r in zip(asks[row].candidates, chains[row], strict=True):
+            if len(tokens) >= len(prefix) and tokens[: len(prefix)] == prefix:
+                logits[r, len(prefix), token] += value
+
+    for row, prefix, token, value in [
+        (0, [], 4, 20.0), (0, [4], 8, 20.0), (0, [4, 8], 23, 20.0),
+        (1, [], 6, 20.0), (1, [6], 12, 20.0), (1, [6, 12], 14, -20.0),
+        (2, [], 11, 20.0), (2, [11], 39, 20.0),
+        (3, [], 13, -20.0), (3, [], 18, -20.0),
+        (5, [], 27, 20.0),
+    ]:  # fmt: skip
+        lift(row, prefix, token, value)
+    return logits
+
+
+def test_the_round_programs_coupled_verdict_on_rows_of_several_candidates_is_the_eager_rules() -> None:
+    """Coupled rows of two and three fixed-token candidates beside a standard row of two and coupled rows of one, in
+    one program: each row's verdict from the program (decide_trees with the rows' noise, read back by chain_verdict)
+    equals decide_rows' on the same logits, every candidate's trace with its noise, the path, the next token, the views
+    (the residual p itself) and the coupled choices along the path: x the first candidate alive, how many are, and
+    p(F) over their distinct tokens. Planted: the first alive candidate taken regardless of the path
+    (chain_round._tree_choices without the path's own); the coupled rows' noise of the chain row before
+    (decide_trees' verify_coupled on coupled.noise.roll(1, 0)); each alive token counted once per candidate
+    (_tree_choices' counted = alive); the views' residual after the candidates tried, for coupled rows too
+    (decide_trees without masking tried); each fails."""
+    asks, chains = coupled_tree_rows()
+    logits = coupled_tree_logits(asks, chains)
+    program, eager = tree_program_verdicts(asks, chains, logits), tree_eager_verdicts(asks, chains, logits)
+    assert all(isinstance(verdict, RowVerdict) for verdict in eager), eager
+    for r, (mine, theirs) in enumerate(zip(program, eager, strict=True)):
+        assert_same(mine, theirs, f"row {r}")
+    deep, longer, eos, none = eager[:4]
+    assert (deep.path, deep.num_accepted) == (1, 3)
+    assert [c.num_alive for c in deep.choices[:3]] == [3, 2, 2] and deep.choices[3].draft_id is None
+    assert (longer.path, longer.num_accepted, longer.choices[2].draft_id, longer.choices[2].num_alive) == (0, 2, 14, 1)
+    assert (eos.num_accepted, eos.candidates[0].token_ids[-1]) == (2, 39)
+    assert none.num_accepted == 0 and none.choices[0].num_alive == 2 and none.views[0].residual
+    assert eager[6].choices[0].coupled_chance != eager[6].choices[0].coupled_chance_high  # the sampled q's bounds

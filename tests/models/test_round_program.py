@@ -116,9 +116,10 @@ def steady_rounds(counted: Counted, decoder: BatchDecoder) -> list[tuple[int, in
     return found
 
 
-def target_text(target: torch.nn.Module, new_tokens: int) -> list[int]:
+def target_text(target: torch.nn.Module, new_tokens: int, sampling: SamplingConfig | None = None) -> list[int]:
+    """Target-only decoding's text after PROMPTS[0] (greedy unless `sampling` is given)."""
     decoder = BatchDecoder(target, NoDrafter(), EOS)
-    decoder.add(0, PROMPTS[0], SamplingConfig(), SpeculativeConfig(max_new_tokens=new_tokens))
+    decoder.add(0, PROMPTS[0], sampling or SamplingConfig(), SpeculativeConfig(max_new_tokens=new_tokens))
     rounds = []
     while decoder.rows:
         rounds += [round_ for _, round_ in decoder.step()]
@@ -179,19 +180,30 @@ def test_a_coupled_target_only_round_waits_once_and_launches_a_few_ops(gpu_path:
     assert max(ops for _, ops, _ in rounds) <= 10, rounds
 
 
-def test_the_coupled_suffix_drafter_at_sixteen_tokens_waits_once_a_round(gpu_path: Counted) -> None:
-    """The suffix drafter, up to 16 tokens a round, under the coupled rule at a low temperature (so the coupled text
-    mostly follows the greedy text), on a prompt that holds the target's greedy text: its rounds, the inspector's
-    views and the coupled rule's choices included, wait once and launch a few ops, however many of its tokens are
-    accepted. Planted: the coupled rule's choices computed on the host (core/match_chance.path_choices on p read back:
-    30 waits and over 100 ops a round)."""
+@pytest.mark.parametrize("num_candidates", [1, 3])
+def test_the_coupled_suffix_drafter_at_sixteen_tokens_waits_once_a_round(gpu_path: Counted, num_candidates: int):
+    """The suffix drafter, up to 16 tokens a round and one or three candidates, under the coupled rule at a low
+    temperature (so the coupled text mostly follows the greedy text), on a prompt that holds the target's greedy text:
+    its rounds, the inspector's views and the coupled rule's choices included, wait once and launch a few ops, however
+    many of its tokens are accepted (but a round that made a program, which pays for it once). Planted: the coupled
+    rule's choices computed on the host (core/match_chance.path_choices on p read back: 30 waits and over 100 ops a
+    round); every chain row of a row brought up each round, the ones its round leaves out too
+    (FixedShapeModel._prepare: 11 ops a round of one candidate after a round of three)."""
     target = tiny_model(1)
     text = target_text(target, 40)
     decoder = BatchDecoder(target, SuffixDrafter(FREE, cache_tokens=0), EOS)
     sampling = SamplingConfig(temperature=0.1, rule="coupled", seed=7)
-    decoder.add(0, PROMPTS[0] + text + PROMPTS[0], sampling, SpeculativeConfig(DEPTH, max_new_tokens=40))
-    rounds = steady_rounds(gpu_path, decoder)
-    assert max(count for _, _, count in rounds) > 1, rounds
+    spec = SpeculativeConfig(DEPTH, max_new_tokens=40, num_candidates=num_candidates)
+    decoder.add(0, PROMPTS[0] + text + PROMPTS[0], sampling, spec)
+    decoder.step()
+    rounds, widths = [], set()
+    while decoder.rows:
+        captures = StandIn.captures
+        waits, ops, outcomes = gpu_path.round(decoder)
+        widths.add(len(outcomes[0][1].candidates))
+        if StandIn.captures == captures:
+            rounds.append((waits, ops, outcomes[0][1].num_accepted))
+    assert max(count for _, _, count in rounds) > 1 and max(widths) == num_candidates, (rounds, widths)
     assert max(waits for waits, _, _ in rounds) <= 1, rounds
     assert max(ops for _, ops, _ in rounds) <= 10, rounds
 
@@ -303,7 +315,8 @@ def test_a_recurrent_round_of_three_candidates_waits_once(gpu_path: Counted, sam
     copy, the drafts' ids (and q) into it in one copy each, its replay and read-back, and the hidden states kept (9
     greedy, 10 sampled). Planted: rows of several candidates sent to the eager rule (FixedShapeModel.in_program
     refusing them: 42 waits and 643 ops a round greedy, 69 and 734 sampled); the drafts read back before the round
-    (DeviceIds left out: 2 waits, 11 and 21 ops); one q copy per beam (12 ops sampled)."""
+    (DeviceIds left out: 2 waits); the q and ids copied a beam at a time (11 ops greedy, 14 sampled); the accepted
+    tokens' keys and values copied into the other beams' chain rows on the host, not in the program (18 ops)."""
     target = tiny_model(1)
     decoder = BatchDecoder(target, tiny_drafter("recurrent", None, tiny_recurrent_head(target, 3)), EOS)
     decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(4, max_new_tokens=20, num_candidates=3))
@@ -344,3 +357,59 @@ def test_a_draft_model_round_waits_once_and_launches_a_few_ops(gpu_path: Counted
     assert len(rounds) >= 3, rounds
     assert max(waits for waits, _ in rounds) <= 1, rounds
     assert max(ops for _, ops in rounds) <= 10, rounds
+
+
+class ScriptedTree:
+    """A fixed-token drafter of three candidates a round: the row's own continuation (all accepted), the same with
+    its tokens past the second wrong, and wrong from the first (so two share a prefix and one is alone)."""
+
+    def __init__(self, continuation: list[int]) -> None:
+        self.continuation = continuation
+
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        drafts = []
+        for request in requests:
+            done = len(request.sequence_ids) - len(PROMPTS[0])
+            tokens = self.continuation[done : done + request.num_draft_tokens]
+            wrong = [(t + 1) % 32 for t in tokens]
+            candidates = dict.fromkeys(tuple(c) for c in (tokens, tokens[:2] + wrong[2:], wrong) if c)
+            drafts.append(Draft([list(c) for c in candidates], None))
+        return drafts
+
+    def forget(self, key: Hashable) -> None:
+        pass
+
+
+def tree_rounds(counted: Counted, sampling: SamplingConfig, depth: int) -> list[tuple[int, int, int, int]]:
+    """(host waits, ops, tokens accepted, the most candidates alive at a position) of each round of ScriptedTree on
+    the row's own text, K = depth, but those that made a program (which pay for it once)."""
+    target = tiny_model(1)
+    new_tokens = 4 * (depth + 1)
+    decoder = BatchDecoder(target, ScriptedTree(target_text(target, new_tokens + depth, sampling)), EOS)
+    decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(depth, max_new_tokens=new_tokens, num_candidates=3))
+    decoder.step()
+    rounds = []
+    while decoder.rows:
+        captures = StandIn.captures
+        waits, ops, outcomes = counted.round(decoder)
+        if StandIn.captures == captures:
+            round_ = outcomes[0][1]
+            alive = max((choice.num_alive for choice in round_.coupled), default=len(round_.candidates))
+            rounds.append((waits, ops, round_.num_accepted, alive))
+    return rounds
+
+
+@pytest.mark.parametrize("depth", [4, 16])
+def test_a_coupled_round_of_three_fixed_token_candidates_waits_once(gpu_path: Counted, depth: int) -> None:
+    """The coupled rule (top-p and a repetition penalty) with three fixed-token candidates a round (ScriptedTree on
+    the coupled rule's own text, which no drafter changes), K = 4 and 16, each round accepting the first to its end:
+    the round program decides them (core/chain_round.decide_trees with the rows' noise), the coupled rule's choices
+    over the candidates alive at each position included, so a round waits once and launches what a greedy round of
+    the same candidates launches: the input copy, the replay and the output copy (the accepted tokens' keys and
+    values go to the two chain rows whose candidates lacked them inside the program, fixed_pass.sync_chains).
+    Planted: coupled rows of several candidates sent to the eager rule (FixedShapeModel.in_program refusing them: 140
+    waits and 429 ops a round at K = 4, 428 and 1113 at K = 16); those copies made on the host (8 ops more)."""
+    coupled, greedy = (tree_rounds(gpu_path, sampling, depth) for sampling in (COUPLED, SamplingConfig()))
+    assert len(coupled) >= 3 and {(accepted, alive) for *_, accepted, alive in coupled} == {(depth, 3)}, coupled
+    assert max(waits for waits, *_ in coupled) <= 1, coupled
+    assert max(ops for _, ops, *_ in coupled) <= max(ops for _, ops, *_ in greedy) <= 3, (coupled, greedy)
