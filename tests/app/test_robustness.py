@@ -109,12 +109,12 @@ class IdleReleases:
 
 def test_eight_clients_at_once_share_passes_and_get_what_they_would_alone(app, app_server, offline_model, monkeypatch):
     """benchmarks/load.py's plan, 8 clients x 1 run (mixed greedy and sampled, own seeds; the benchmark's 2 runs a
-    client halved) of 16 tokens (its 32 halved) in the default number format, first one at a time, then all at once: the runs at once
-    share passes and have drafts cut for them, a run alone never does; every greedy run equals its run alone, token
-    for token where the default is bfloat16 (batch-invariant passes) and else or at a near-tie; and resident memory,
-    once the idle app has given back what the runs freed, stays within 10% of that after the first run. How fast
-    (first tokens early in a run, the load at once quicker than one at a time) is the benchmark's to bound: `python -m
-    benchmarks.load`. The figures, times included, go to test-artifacts/load.json."""
+    client halved) of 16 tokens (its 32 halved) in the default number format, first one at a time, then all at once:
+    the runs at once share passes and have drafts cut for them, a run alone never does; every greedy run equals its
+    run alone, token for token where the default is bfloat16 (batch-invariant passes) and else or at a near-tie; and
+    resident memory, once the idle app has given back what the runs freed, stays within 10% of that after the first
+    run. How fast (first tokens early in a run, the load at once quicker than one at a time) is the benchmark's to
+    bound: `python -m benchmarks.load`. The figures, times included, go to test-artifacts/load.json."""
     releases = IdleReleases(monkeypatch, app_server.schedulers)
     options = {"dtype": "auto"}  # the default
     plan = load_plan(runs=1)

@@ -250,6 +250,15 @@ def tree_eager_verdicts(asks: list[RoundAsk], chains: list[list[int]], logits: t
     return decide_rows(asks, arranged)
 
 
+def program_equals_eager(asks: list, chains: list, logits) -> list[RowVerdict]:
+    """The rows' verdicts from the program equal the eager rule's, field by field: the eager ones."""
+    program, eager = tree_program_verdicts(asks, chains, logits), tree_eager_verdicts(asks, chains, logits)
+    assert all(isinstance(verdict, RowVerdict) for verdict in eager), eager
+    for r, (mine, theirs) in enumerate(zip(program, eager, strict=True)):
+        assert_same(mine, theirs, f"row {r}")
+    return eager
+
+
 def test_the_round_programs_verdict_on_rows_of_several_candidates_is_the_eager_rules() -> None:
     """Rows of two and three candidates, greedy and sampled, of different lengths, beside a row of one in one group:
     each row's verdict from the program (decide_trees, read back by chain_verdict) equals decide_rows' on the same
@@ -259,11 +268,7 @@ def test_the_round_programs_verdict_on_rows_of_several_candidates_is_the_eager_r
     laid out at the program's W instead of its own (chain_round._tree_uniforms); the views' residual after the path's
     candidate alone (chain_round._tree_residual)."""
     asks, chains = tree_rows()
-    logits = tree_logits(asks, chains)
-    program, eager = tree_program_verdicts(asks, chains, logits), tree_eager_verdicts(asks, chains, logits)
-    assert all(isinstance(verdict, RowVerdict) for verdict in eager), eager
-    for r, (mine, theirs) in enumerate(zip(program, eager, strict=True)):
-        assert_same(mine, theirs, f"row {r}")
+    eager = program_equals_eager(asks, chains, tree_logits(asks, chains))
     greedy, beams, both = eager[0], eager[1], eager[2]
     assert (greedy.path, greedy.num_accepted) == (0, 2) and greedy.candidates[1].tested == [False, False, True, False]
     assert [c.tested for c in both.candidates] == [[True, True], [False, True, False]] and both.num_accepted == 1
@@ -327,11 +332,7 @@ def test_the_round_programs_coupled_verdict_on_rows_of_several_candidates_is_the
     (_tree_choices' counted = alive); the views' residual after the candidates tried, for coupled rows too
     (decide_trees without masking tried); each fails."""
     asks, chains = coupled_tree_rows()
-    logits = coupled_tree_logits(asks, chains)
-    program, eager = tree_program_verdicts(asks, chains, logits), tree_eager_verdicts(asks, chains, logits)
-    assert all(isinstance(verdict, RowVerdict) for verdict in eager), eager
-    for r, (mine, theirs) in enumerate(zip(program, eager, strict=True)):
-        assert_same(mine, theirs, f"row {r}")
+    eager = program_equals_eager(asks, chains, coupled_tree_logits(asks, chains))
     deep, longer, eos, none = eager[:4]
     assert (deep.path, deep.num_accepted) == (1, 3)
     assert [c.num_alive for c in deep.choices[:3]] == [3, 2, 2] and deep.choices[3].draft_id is None
