@@ -19,7 +19,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone 
 if "PYTEST_XDIST_WORKER" in os.environ:  # each worker's apps keep their files apart: a worker's count of its
     # downloads folder must not meet another's runs (test_many_runs_leave_a_bounded_folder_of_downloads did, once)
     os.environ.setdefault("GRADIO_TEMP_DIR", tempfile.mkdtemp(prefix=f"gradio-{os.environ['PYTEST_XDIST_WORKER']}-"))
-    # and its share of the cores: two workers of two threads each on 2 cores took 19% longer than of one each
+    # and its share of the cores: two workers of two threads each on 2 cores took 24% longer than of one each
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 SLOW_FIXTURES = {"offline_model", "offline_bfloat16", "app", "app_server", "client", "gemma", "browser"}
