@@ -25,12 +25,14 @@ class DraftRequest:
     num_draft_tokens: int
     num_candidates: int
     sampling: SamplingConfig  # what a draft model samples with for this row
-    generator: torch.Generator  # the row's own: a draft model draws one uniform per beam per step from it
+    generator: torch.Generator  # the row's own, for a drafter of one's own to draw from; the built-in ones draw
+    # by counter from `seed` (core/fixed_rule.draft_uniforms), the same on every path
     hidden_state: torch.Tensor | None = None  # [len(layers) * H] the target's hidden states at the last accepted
     # position (the `hidden_layers` it reads, concatenated), for a drafter that `reads_hidden_state`; None before the
     # row's first target pass
-    seed: int = 0  # the row's noise seed: under the coupled rule (sampling.is_coupled) a drafter that samples draws
-    # token t as argmax(log q_t + G_t) with core/coupled.py's noise at the token's position
+    seed: int = 0  # the row's stream seed: under the coupled rule (sampling.is_coupled) a drafter that samples draws
+    # token t as argmax(log q_t + G_t) with core/coupled.py's noise at the token's position, and else with the
+    # row's drafting draws (core/fixed_rule.draft_uniforms)
 
     def __post_init__(self) -> None:  # every drafter may rely on these limits (a head counts by draft position)
         check_int("num-draft-tokens", self.num_draft_tokens, 0, MAX_NUM_DRAFT_TOKENS)
