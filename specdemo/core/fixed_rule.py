@@ -121,6 +121,19 @@ class RowSettings:
             ),
         )
 
+    @staticmethod
+    def columns_of(sampling: SamplingConfig) -> tuple[float, ...]:
+        """A row's settings as a program's input buffer holds them, in its columns greedy, temperature, top_k,
+        top_p_drop, top_p_on and penalty (from_columns reads them back on the device)."""
+        return (
+            sampling.is_greedy,
+            1.0 if sampling.is_greedy else sampling.temperature,
+            sampling.top_k,
+            1.0 - sampling.top_p,  # in float64, as transformers computes it, then float32 on the device
+            sampling.top_p < 1.0,
+            sampling.repetition_penalty,
+        )
+
     @classmethod
     def from_columns(cls, column: dict[str, torch.Tensor]) -> RowSettings:
         """The settings a program reads from its input buffer's named float64 columns (each [R])."""

@@ -312,15 +312,7 @@ def _write_row(row: np.ndarray, fed: list[int], start: int, beam: int, seed: int
 
 def _write_settings(row: np.ndarray, sampling: SamplingConfig, coupled: bool) -> None:  # row float64
     """A chain's draft settings in fixed shapes, and whether it draws with the coupled rule's noise."""
-    row[SETTINGS + 3 :] = (
-        sampling.is_greedy,
-        1.0 if sampling.is_greedy else sampling.temperature,
-        sampling.top_k,
-        1.0 - sampling.top_p,  # in float64, as transformers computes it, then float32 on the device
-        sampling.top_p < 1.0,
-        sampling.repetition_penalty,
-        coupled,
-    )
+    row[SETTINGS + 3 :] = (*RowSettings.columns_of(sampling), coupled)
 
 
 def _draft(

@@ -362,18 +362,12 @@ def write_row(row: np.ndarray, ask: RoundAsk, candidate: int = 0) -> None:  # ro
         row[1:count] = ask.candidates[candidate] if ask.candidates else []
     row[n : n + count] = row[2 * n : 2 * n + count] = range(start, start + count)
     row[3 * n : 3 * n + count] = 1.0
-    sampling = ask.sampling
     row[4 * n : 4 * n + ROW_COLUMNS.index("width")] = (
         count - 1,
         1.0,
         ask.seed,
         ask.draws,
-        sampling.is_greedy,
-        1.0 if sampling.is_greedy else sampling.temperature,
-        sampling.top_k,
-        1.0 - sampling.top_p,  # in float64, as transformers computes it, then float32 on the device
-        sampling.top_p < 1.0,
-        sampling.repetition_penalty,
+        *RowSettings.columns_of(ask.sampling),
         ask.draft_probs is not None,
         isinstance(ask.rule, CoupledRule),
     )

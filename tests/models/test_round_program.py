@@ -14,6 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
+from specdemo.core.rounds import Round
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters.base import Draft, DraftRequest, NoDrafter
 from specdemo.drafters.suffix import SuffixDrafter
@@ -113,6 +114,19 @@ def steady_rounds(counted: Counted, decoder: BatchDecoder) -> list[tuple[int, in
     while decoder.rows:
         waits, ops, outcomes = counted.round(decoder)
         found.append((waits, ops, outcomes[0][1].num_accepted))
+    return found
+
+
+def unmade_rounds(counted: Counted, decoder: BatchDecoder) -> list[tuple[int, int, Round]]:
+    """(host waits, ops, the row's Round) of every round after the first but those that made a program (a round that
+    makes one pays for it once)."""
+    decoder.step()
+    found = []
+    while decoder.rows:
+        captures = StandIn.captures
+        waits, ops, outcomes = counted.round(decoder)
+        if StandIn.captures == captures:
+            found.append((waits, ops, outcomes[0][1]))
     return found
 
 
@@ -296,14 +310,7 @@ def test_a_recurrent_round_waits_once_whatever_its_depth(gpu_path: Counted, samp
     for depth in (4, 12):
         decoder = BatchDecoder(target, tiny_drafter("recurrent", None, head), EOS)
         decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(depth, max_new_tokens=4 * (depth + 1)))
-        decoder.step()
-        rounds = []
-        while decoder.rows:
-            captures = StandIn.captures
-            waits, ops, _ = gpu_path.round(decoder)
-            if StandIn.captures == captures:  # a round that made a program pays for it once
-                rounds.append((waits, ops))
-        found[depth] = max(rounds)
+        found[depth] = max((waits, ops) for waits, ops, _ in unmade_rounds(gpu_path, decoder))
     assert found[4] == found[12] and found[4][0] <= 1 and found[4][1] <= 10, found
 
 
@@ -320,13 +327,7 @@ def test_a_recurrent_round_of_three_candidates_waits_once(gpu_path: Counted, sam
     target = tiny_model(1)
     decoder = BatchDecoder(target, tiny_drafter("recurrent", None, tiny_recurrent_head(target, 3)), EOS)
     decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(4, max_new_tokens=20, num_candidates=3))
-    decoder.step()
-    rounds = []
-    while decoder.rows:
-        captures = StandIn.captures
-        waits, ops, outcomes = gpu_path.round(decoder)
-        if StandIn.captures == captures:  # a round that made a program pays for it once
-            rounds.append((waits, ops, len(outcomes[0][1].draft_token_ids)))
+    rounds = [(waits, ops, len(r.draft_token_ids)) for waits, ops, r in unmade_rounds(gpu_path, decoder)]
     assert max(drafted for _, _, drafted in rounds) == 4, rounds  # the beams were drafted and verified
     assert max(waits for waits, _, _ in rounds) <= 1, rounds
     assert max(ops for _, ops, _ in rounds) <= 10, rounds
@@ -347,13 +348,7 @@ def test_a_draft_model_round_waits_once_and_launches_a_few_ops(gpu_path: Counted
     sampling = DRAFT_MODEL_SETTINGS[rule]
     decoder = BatchDecoder(target, tiny_drafter("model", draft, None), EOS)
     decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(4, max_new_tokens=30))
-    decoder.step()
-    rounds = []
-    while decoder.rows:
-        captures = StandIn.captures
-        waits, ops, _ = gpu_path.round(decoder)
-        if StandIn.captures == captures:  # a round that made a program pays for it once
-            rounds.append((waits, ops))
+    rounds = [(waits, ops) for waits, ops, _ in unmade_rounds(gpu_path, decoder)]
     assert len(rounds) >= 3, rounds
     assert max(waits for waits, _ in rounds) <= 1, rounds
     assert max(ops for _, ops in rounds) <= 10, rounds
@@ -387,16 +382,10 @@ def tree_rounds(counted: Counted, sampling: SamplingConfig, depth: int) -> list[
     new_tokens = 4 * (depth + 1)
     decoder = BatchDecoder(target, ScriptedTree(target_text(target, new_tokens + depth, sampling)), EOS)
     decoder.add(0, PROMPTS[0], sampling, SpeculativeConfig(depth, max_new_tokens=new_tokens, num_candidates=3))
-    decoder.step()
-    rounds = []
-    while decoder.rows:
-        captures = StandIn.captures
-        waits, ops, outcomes = counted.round(decoder)
-        if StandIn.captures == captures:
-            round_ = outcomes[0][1]
-            alive = max((choice.num_alive for choice in round_.coupled), default=len(round_.candidates))
-            rounds.append((waits, ops, round_.num_accepted, alive))
-    return rounds
+    return [
+        (waits, ops, r.num_accepted, max((choice.num_alive for choice in r.coupled), default=len(r.candidates)))
+        for waits, ops, r in unmade_rounds(counted, decoder)
+    ]
 
 
 @pytest.mark.parametrize("depth", [4, 16])
