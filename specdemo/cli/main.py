@@ -1,12 +1,12 @@
-"""The command line's entry point: `python -m specdemo generate|bench|pairs|train-drafter ...`; every refusal is one
-sentence and exit code 2, a failed run one sentence and exit code 1."""
+"""The command line's entry point: `python -m specdemo generate|bench|race|pairs|train-drafter ...`; every refusal is
+one sentence and exit code 2, a failed run one sentence and exit code 1."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from specdemo.cli import bench, generate, train
+from specdemo.cli import bench, generate, race, train
 from specdemo.engine.setup import pair_marks
 from specdemo.models.loading import pick_device
 from specdemo.pairs import pairs_table
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parser(commands, _progress)
     commands.add_parser("pairs", help="list the draft/target pairs").set_defaults(run=_pairs)
     bench.add_parser(commands, _progress)
+    race.add_parser(commands, _progress)
     train.add_parser(commands, _progress)
     return parser
 

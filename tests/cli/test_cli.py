@@ -339,3 +339,35 @@ def test_the_suffix_drafter_says_what_it_chose_each_round(session_model, capsys)
     plans = [r["plan"] for r in result["rounds"] if r["plan"]]
     assert plans and all(p["says"].startswith(("drafted nothing", "drafted ")) for p in plans)
     assert any(p["num_tokens"] > 0 for p in plans) and all(p["num_tokens"] <= 12 for p in plans)
+
+
+def test_race_prints_a_line_per_lane_and_that_their_texts_agree(offline_model, monkeypatch, capsys):
+    def holding() -> ModelCache:
+        cache = ModelCache(pinned=offline_model.name)
+        cache.put(offline_model)
+        return cache
+
+    monkeypatch.setattr("specdemo.cli.race.ModelCache", holding)
+    common = ["race", "--prompt", PROMPT, "--max-new-tokens", "12", "--dtype", "float32"]
+    assert main([*common, "--lanes", "ngram,suffix"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()[1:4]] == ["target", "ngram", "suffix"]
+    assert "All 3 finished lanes wrote the same" in out
+    assert main([*common, "--lanes", "ngram", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [lane["name"] for lane in result["lanes"]] == ["target", "ngram"]
+    assert result["lanes"][0]["token_ids"] == result["lanes"][1]["token_ids"]
+    assert result["lanes"][0]["speedup"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--lanes", ""], "The race has no drafter lanes"),
+        (["--lanes", "ngram,draft"], "The lane 'draft' races the pair's draft model"),
+        (["--lanes", "ngram", "--suffix-cache-tokens", "9"], "--suffix-cache-tokens is an option of the suffix lane"),
+    ],
+)
+def test_race_refuses_bad_lanes_in_one_sentence(arguments, message, capsys):
+    assert main(["race", "--prompt", PROMPT, *arguments]) == 2
+    assert message in capsys.readouterr().err
