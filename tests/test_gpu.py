@@ -47,6 +47,7 @@ from specdemo.drafters.head_file import cached_head, head_path
 from specdemo.drafters.head_steps import steps_for
 from specdemo.drafters.recurrent import RecurrentDrafter
 from specdemo.engine.decoding import BatchDecoder, autoregressive_generate, batch_generate, speculative_generate
+from specdemo.engine.race import LaneDrafter
 from specdemo.models import fusion, graphs, passes
 from specdemo.models.fixed_shape import FixedShapeModel, slot_bucket
 from specdemo.models.graphs import synchronize
@@ -516,6 +517,28 @@ def test_coupled_sampled_text_is_target_only_text(subject, coupled_alone, kind):
         compared += len(coupled_alone)
     record(kind, coupled_identical=f"{identical}/{compared}")
     assert identical == compared
+
+
+def test_a_race_of_every_kind_is_one_batch_and_one_text(subject):
+    """A race's lanes (engine/race.py) as rows of one batch: the target alone and every drafter kind, greedy and
+    coupled, the head's and the draft model's ids left on the device beside the copies' host lists; every lane writes
+    the target lane's text."""
+    kinds = ("ngram", "suffix", "recurrent", "hybrid", "self")
+    spec = SpeculativeConfig(num_draft_tokens=NUM_DRAFT_TOKENS, max_new_tokens=NEW_TOKENS)
+    identical = {}
+    for name, sampling in (("greedy", SamplingConfig()), ("coupled", replace(SAMPLED, rule="coupled", seed=1))):
+        router = LaneDrafter({lane: drafter_for(kind, subject) for lane, kind in enumerate(kinds, start=1)})
+        decoder = BatchDecoder(subject.model, router, subject.eos)
+        for lane in range(len(kinds) + 1):
+            decoder.add(lane, subject.prompts[1], sampling, spec, drafting=lane > 0)
+        texts: dict[int, list[int]] = {lane: [] for lane in range(len(kinds) + 1)}
+        while decoder.rows:
+            for lane, outcome in decoder.step():
+                assert not isinstance(outcome, Exception) and not router.failed, (outcome, router.failed)
+                texts[lane].extend(outcome.emitted_token_ids)
+        identical[name] = f"{sum(text == texts[0] for text in texts.values()) - 1}/{len(kinds)}"
+    record("race", lanes_identical=identical)
+    assert identical == {"greedy": f"{len(kinds)}/{len(kinds)}", "coupled": f"{len(kinds)}/{len(kinds)}"}
 
 
 def test_the_model_audit_runs_on_the_device(subject):
