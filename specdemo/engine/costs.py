@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
@@ -30,9 +31,10 @@ def measure_pass_seconds(
     context_tokens: int = CONTEXT_TOKENS,
     repeats: int = 4,
     clock: Callable[[], float] = time.perf_counter,
+    sampling: SamplingConfig = SamplingConfig(),  # noqa: B008 (frozen, so a shared default is safe)
 ) -> dict[int, float]:
     """One row's round seconds by size (measure_round_seconds)."""
-    return measure_round_seconds(model, sizes, context_tokens, repeats, rows=(1,), clock=clock)[1]
+    return measure_round_seconds(model, sizes, context_tokens, repeats, rows=(1,), clock=clock, sampling=sampling)[1]
 
 
 def measure_round_seconds(
@@ -42,10 +44,11 @@ def measure_round_seconds(
     repeats: int,
     rows: tuple[int, ...],
     clock: Callable[[], float] = time.perf_counter,
+    sampling: SamplingConfig = SamplingConfig(),  # noqa: B008 (frozen); the rows' settings: greedy unless given
 ) -> dict[int, dict[int, float]]:
     """Seconds of one engine round whose target pass reads n tokens per row (the sequence's last token and n-1
     drafted ones, in candidates of at most MAX_NUM_DRAFT_TOKENS) after a context_tokens prompt of each row's own:
-    the pass, the cache's bookkeeping, the probabilities and the rule, as greedy rows' rounds spend them. The fastest
+    the pass, the cache's bookkeeping, the probabilities and the rule, as rows with `sampling` spend them. The fastest
     of `repeats` after one warm-up, sizes and row counts interleaved: another process can only add time to a round,
     so the fastest is the least disturbed, where a median on a busy machine is whatever spell it fell in (a busy
     measurement once made drafting look dear and switched it off). By row count, then size. Each row may hold
@@ -60,7 +63,7 @@ def measure_round_seconds(
             context = torch.randint(
                 vocab_size, (context_tokens,), generator=generator, device=generator.device
             ).tolist()
-            decoder.add(row, context, SamplingConfig(), room)
+            decoder.add(row, context, sampling, room)
     timings: dict[int, dict[int, list[float]]] = {count: {size: [] for size in sizes} for count in rows}
     try:
         for repeat in range(repeats + 1):
@@ -132,6 +135,22 @@ def pass_costs(model: PreTrainedModel, max_tokens: int) -> PassCosts:
         known = _MEASURED[_key(model)] = PassCosts.from_seconds(measure_pass_seconds(model, sizes))
         watch(model).measured_again()
     return known
+
+
+_SAMPLED: dict[tuple, PassCosts] = {}
+
+
+def sampled_pass_costs(model: PreTrainedModel, max_tokens: int, sampling: SamplingConfig) -> PassCosts:
+    """pass_costs for rows with `sampling`'s settings: a sampled round also computes the probabilities and draws, which
+    greedy rounds skip (measured once per model and settings, the seed aside; greedy: pass_costs itself)."""
+    if sampling.is_greedy:
+        return pass_costs(model, max_tokens)
+    largest = next((size for size in MEASURED_SIZES if size >= max_tokens), MEASURED_SIZES[-1])
+    key = (_key(model), replace(sampling, seed=0), largest)
+    if key not in _SAMPLED:
+        sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
+        _SAMPLED[key] = PassCosts.from_seconds(measure_pass_seconds(model, sizes, sampling=sampling))
+    return _SAMPLED[key]
 
 
 def shared_costs(model: PreTrainedModel) -> BatchCosts | None:

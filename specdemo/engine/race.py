@@ -19,7 +19,7 @@ from specdemo.core.rounds import Round
 from specdemo.drafters.base import Draft, Drafter, DraftRequest, hidden_layers, reads_hidden_state
 from specdemo.drafters.head_file import head_path
 from specdemo.drafters.registry import DRAFTER_KINDS, HYBRID, RECURRENT
-from specdemo.engine.costs import pass_costs
+from specdemo.engine.costs import sampled_pass_costs
 from specdemo.engine.decoding import BatchDecoder, DrafterFailed
 from specdemo.engine.drafting import build_drafter
 from specdemo.models.loading import LoadedModel
@@ -120,10 +120,11 @@ class LaneRun:
         return lane_figures(self.name, self.rounds, costs, self.drafting_seconds, self.error)
 
 
-def race_costs(target: LoadedModel, speculative: SpeculativeConfig) -> PassCosts:
-    """The target's measured pass costs, up to the widest draft a lane reads (the ones cost-aware drafters plan with,
-    measured once per model, a few seconds); the first round's read of the prompt is priced by extrapolating them."""
-    return pass_costs(target.model, speculative.num_candidates * speculative.num_draft_tokens + 1)
+def race_costs(target: LoadedModel, speculative: SpeculativeConfig, sampling: SamplingConfig) -> PassCosts:
+    """The target's pass costs measured under the race's sampling settings, up to the widest draft a lane reads (once
+    per model and settings, a few seconds; greedy ones are those the cost-aware drafters plan with); the first round's
+    read of the prompt is priced by extrapolating them."""
+    return sampled_pass_costs(target.model, speculative.num_candidates * speculative.num_draft_tokens + 1, sampling)
 
 
 def race(
