@@ -31,6 +31,7 @@ TINY_RUNS = [  # (benchmark, its options on the tiny model); PROMPTS and HEAD st
     ("round_kernels", "--smoke"),
     ("coupled", "identity --max-new-tokens 3"),
     ("coupled", "cost --prompts PROMPTS --seeds 2 --max-new-tokens 6 --num-draft-tokens 3"),
+    ("race", "--prompts PROMPTS --max-new-tokens 6 --repeats 1 --num-draft-tokens 3"),
 ]
 
 
