@@ -1,4 +1,4 @@
-"""The page: a header, the settings column (from the one settings table) and three tabs, composed; each tab's module
+"""The page: a header, the settings column (from the one settings table) and four tabs, composed; each tab's module
 holds its layout and handlers."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from specdemo.app.form import RUN_FIELDS, SECTIONS, describe_pair, pair_draft_te
 from specdemo.app.panels.lessons import LessonRow
 from specdemo.app.serving.handlers import end_session
 from specdemo.app.serving.runs import QUEUE_SIZE, RUN_CONCURRENCY, Server
-from specdemo.app.serving.share import RERUNNING, form_from_query, run_note
-from specdemo.app.tabs import audit, batch, one_prompt
+from specdemo.app.serving.share import RACE_TAB, RERUNNING, form_from_query, race_from_query, run_note
+from specdemo.app.tabs import audit, batch, one_prompt, race
 from specdemo.app.views.render import LEGEND_HTML, THEME_CSS
 from specdemo.engine.resources import bound_allocator_arenas
 from specdemo.models.shared import ModelCache
@@ -26,10 +26,11 @@ HEADER = (
 # takes the GIL from the engine's thread. The idle server's thread used 0.8 s of CPU in 8 s, 0.09 s at these periods.
 # An event now waits up to 20 ms to start.
 QUEUE_POLL_SECONDS = {"sleep_when_free": 0.02, "progress_update_sleep_when_free": 0.1}
-# After a shared link set the form: press Run for it once the pair's own settings have landed.
+# After a shared link set the form: press its tab's Run once the pair's own settings have landed.
 RUN_ON_OPEN_JS = f"""() => {{
   if (document.querySelector('#link-note')?.innerText.includes('{RERUNNING}')) {{
-    setTimeout(() => document.querySelector('#run')?.click(), 1500);
+    const race = new URLSearchParams(location.search).get('tab') === '{RACE_TAB}';
+    setTimeout(() => document.querySelector(race ? '#race-run' : '#run')?.click(), 1500);
   }}
 }}"""
 # ?view=present: large tokens and no settings, for a projector. A class on <body> and rules that reach the whole page.
@@ -43,12 +44,14 @@ PRESENTER_TOGGLE_JS = """() => {
   const address = new URL(location.href);
   if (on) address.searchParams.set('view', 'present'); else address.searchParams.delete('view');
   history.replaceState(null, '', address);
+  window.dispatchEvent(new Event('resize'));  // the charts take the width the hidden settings leave
 }"""
 PRESENTER_HEAD = """<style>
 #device-line { font-size: .85em; opacity: .8; }
 body.present #settings-column, body.present #limits, body.present #examples,
 body.present #header p:first-of-type { display: none !important; }
 body.present #tokens .tok, body.present #step-tokens .tok { font-size: 1.6em; line-height: 1.6; }
+body.present #race-lanes .tok { font-size: 1.3em; line-height: 1.6; }
 body.present #round-sentence { font-size: 1.4em; }
 </style>"""
 DELETE_CACHE = (3600, 86_400)  # Gradio's own cached files (uploads, copies) go once a day old, looked at hourly
@@ -81,6 +84,8 @@ def build_demo(
                         prompt = one_prompt.build_tab(server, settings, lessons)
                     with gr.Tab("Batch", id="batch"):
                         batch.build_tab(server, settings)
+                    with gr.Tab("Race", id=RACE_TAB):
+                        race_prompt, race_lanes = race.build_tab(server, settings, lessons)
                     with gr.Tab("Audit: is it lossless?", id="audit"):
                         audit.build_tab(server, lessons)
         settings["pair"].change(  # queue=False: the note changes at once, even while a run holds the queue's slot
@@ -100,7 +105,7 @@ def build_demo(
         presenter.click(None, js=PRESENTER_TOGGLE_JS, api_visibility="private")
         opened = demo.load(
             open_link,
-            outputs=[prompt, *settings.values(), link_note],
+            outputs=[prompt, race_prompt, race_lanes, lessons.tabs, *settings.values(), link_note],
             queue=False,
             api_visibility="private",
         )
@@ -113,17 +118,23 @@ def build_demo(
 
 
 def open_link(request: gr.Request) -> list:
-    """The form as a shared link sets it (?prompt=...&seed=...), with a note on what it left out and whether it
-    re-runs; a page opened without a query is left as it is."""
+    """The form as a shared link sets it (?prompt=...&seed=..., a race's on its tab with its lanes), with a note on
+    what it left out and whether it re-runs; a page opened without a query is left as it is. Updates: the prompt,
+    the race's prompt and lanes, the tab, the settings, the note."""
     query = dict(request.query_params) if request is not None else {}
     prompt, values, notes = form_from_query(query)
-    if prompt is None and not values and not notes:
-        return [gr.skip(), *(gr.skip() for _ in RUN_FIELDS), gr.skip()]
+    racing, lanes, race_notes = race_from_query(query, values)
+    notes += race_notes
+    if prompt is None and not values and not notes and not racing:
+        return [gr.skip() for _ in range(len(RUN_FIELDS) + 5)]
     if (running := run_note(query, prompt, values)) is not None:
         notes.insert(0, running)
     updates = [gr.update(value=values[spec.name]) if spec.name in values else gr.skip() for spec in RUN_FIELDS]
     note = gr.update(value=" ".join(notes), visible=bool(notes))
-    return [gr.update(value=prompt) if prompt is not None else gr.skip(), *updates, note]
+    typed = gr.update(value=prompt) if prompt is not None else gr.skip()
+    chosen = gr.update(value=lanes) if lanes is not None else gr.skip()
+    tab = gr.Tabs(selected=RACE_TAB) if racing else gr.skip()
+    return [gr.skip() if racing else typed, typed if racing else gr.skip(), chosen, tab, *updates, note]
 
 
 def settings_column() -> tuple[dict[str, gr.components.Component], gr.Markdown, list[gr.Column]]:

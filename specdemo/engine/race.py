@@ -139,19 +139,23 @@ def race(
 ) -> Iterator[list[LaneRun]]:
     """Decode the prompt in every lane (check_lanes' names) as rows of one batch, one round of every unfinished lane
     per target pass; yields the lanes after each pass. A lane whose drafter fails stops with its sentence and the
-    others go on; a failure of the shared target pass is raised. No lane's draft is cut for the shared pass, so each
-    drafts as it would alone."""
+    others go on, as does one whose drafter cannot be built for the target; a failure of the shared target pass is
+    raised. No lane's draft is cut for the shared pass, so each drafts as it would alone."""
     options = options or {}
-    drafters = {
-        index: build_drafter(name, target, draft, options.get(name))  # DRAFT_LANE, no kind's name: the draft model
-        for index, name in enumerate(lanes)
-        if name != TARGET_LANE
-    }
+    runs = [LaneRun(name) for name in lanes]
+    drafters = {}
+    for index, name in enumerate(lanes):
+        if name == TARGET_LANE:
+            continue
+        try:  # DRAFT_LANE, no kind's name, builds the draft model's drafter
+            drafters[index] = build_drafter(name, target, draft, options.get(name))
+        except ValueError as error:  # a head trained for other weights, say: the lane stops before it starts
+            runs[index].error, runs[index].done = str(error), True
     router = LaneDrafter(drafters)
     decoder = BatchDecoder(target.model, router, target.eos_token_ids)
     for index, name in enumerate(lanes):
-        decoder.add(index, list(prompt_ids), sampling, speculative, drafting=name != TARGET_LANE)
-    runs = [LaneRun(name) for name in lanes]
+        if not runs[index].done:
+            decoder.add(index, list(prompt_ids), sampling, speculative, drafting=name != TARGET_LANE)
     while decoder.rows:
         with each_round():
             outcomes = decoder.step()

@@ -279,6 +279,73 @@ def test_the_batch_view_streams_four_lanes(browser, app):
     page.close()
 
 
+LANE_TEXTS = """() => [...document.querySelectorAll('#race-lanes .race-lane')].map(lane =>
+    [...lane.querySelectorAll('.tokens .tok:not(.tok-rejected)')].map(tok => tok.textContent).join(''))"""
+
+
+def race_to_its_end(page, button: str = "#race-run") -> list[str]:
+    """Press `button` (Run the race, or a lesson's) and wait for the race's lanes (texts other than the last race's)
+    and its agreement sentence; returns each lane's text (its kept tokens)."""
+    before = page.evaluate(LANE_TEXTS)
+    page.click(button)
+    page.wait_for_function(
+        f"""before => {{ const texts = ({LANE_TEXTS})();
+            return JSON.stringify(texts) !== JSON.stringify(before)
+                && document.querySelector('#race-summary')?.innerText.includes('finished lanes wrote the same'); }}""",
+        arg=before,
+        timeout=RUN_ENDS_MS,
+    )
+    page.wait_for_selector("#race-chart .js-plotly-plot .main-svg")
+    return page.evaluate(LANE_TEXTS)
+
+
+def test_a_race_of_five_lanes_writes_one_text_greedy_and_coupled_sampled(browser, app):
+    """Four drafters and the target alone race on the offline default: greedy, then sampled at 0.8 under the rule
+    'same text for any drafter'; every lane writes the same text, and the finish chart is drawn."""
+    page = open_page(browser, app)
+    set_numbers(page, max_new_tokens=24)  # the settings column is the race's too
+    page.get_by_role("tab", name="Race").click()
+    page.fill("#race-prompt textarea", "Correct the spelling: The quartely planing meeting is moved to Thursday.")
+    for lane in ("ngram", "suffix", "recurrent", "hybrid"):  # the offline default's lanes, all ticked
+        assert page.get_by_label(lane, exact=True).is_checked()
+    texts = race_to_its_end(page)
+    assert len(texts) == 5 and len(set(texts)) == 1 and texts[0], texts
+    assert page.locator("#race-lanes .race-finished").count() == 5
+    assert "speedup" in page.inner_text("#race-summary")
+    page.wait_for_selector("#race-chart .js-plotly-plot .main-svg")
+    assert page.locator("#race-chart .scatterlayer .trace").count() == 10  # a line per lane in each of two charts
+    screenshot_light_and_dark(page, "race")
+    page.click("#presenter")
+    page.wait_for_timeout(500)  # plotly redraws the chart at the new width after a resize, debounced
+    page.screenshot(path=str(ARTIFACTS / "race-presenter.png"), full_page=True)
+    page.click("#presenter")
+    set_numbers(page, temperature=0.8)
+    page.locator("#rule label", has_text="same text for any drafter").click()
+    assert page.input_value("#temperature input[type=number]") == "0.8"
+    page.fill("#race-prompt textarea", "Write a haiku about autumn rain.")  # free writing: sampling shows
+    sampled = race_to_its_end(page)
+    assert len(sampled) == 5 and len(set(sampled)) == 1 and "autumn" not in texts[0], sampled
+    assert page.locator("#race-lanes .race-finished").count() == 5
+    page.screenshot(path=str(ARTIFACTS / "race-coupled-light.png"), full_page=True)
+    page.click("#race-copy-link")  # the link opens the Race tab and re-runs the race: the same text
+    page.wait_for_function("document.querySelector('#race-share-link textarea')?.value.includes('tab=race')")
+    link = page.input_value("#race-share-link textarea")
+    assert "lanes=ngram%2Csuffix%2Crecurrent%2Chybrid" in link and "rule=coupled" in link, link
+    again = open_page(browser, app)
+    again.goto(link, wait_until="domcontentloaded")
+    again.wait_for_function(
+        "document.querySelector('#race-summary')?.innerText.includes('finished lanes wrote the same')",
+        timeout=RUN_ENDS_MS,
+    )
+    assert again.evaluate(LANE_TEXTS) == sampled
+    again.close()
+    lesson = race_to_its_end(page, "#lesson-race")  # greedy again, on the lesson's prompt and lanes
+    assert len(lesson) == 5 and len(set(lesson)) == 1, lesson
+    assert "Race the drafters." in page.inner_text("#lesson-note")
+    assert "quartely" in page.input_value("#race-prompt textarea")
+    page.close()
+
+
 def test_the_audit_passes_for_the_sampler_and_fails_for_a_planted_bug(browser, app):
     page = open_page(browser, app)
     page.get_by_role("tab", name="Audit: is it lossless?").click()

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from specdemo.app.views.plots import acceptance_figure, latency_figure, positions_figure, throughput_figure
+from specdemo.app.views.plots import (
+    acceptance_figure,
+    latency_figure,
+    positions_figure,
+    race_figure,
+    throughput_figure,
+)
+from specdemo.core.race import LaneFigures
 from tests.helpers import make_round
 
 ROUNDS = [
@@ -41,3 +48,22 @@ def test_throughput_adds_the_baseline_once_it_exists():
     speculative, baseline = throughput_figure(ROUNDS, ROUNDS[:2]).data
     assert list(speculative.y) == [1, 6, 8, 9]
     assert baseline.name == "target alone"
+
+
+def test_the_finish_chart_draws_one_line_per_lane_against_passes_and_against_seconds():
+    """Each lane from (0, 0) through its figures after each pass: tokens against passes on the left, against its
+    estimated seconds alone (passes priced plus drafting) on the right; the legend names each lane once. Planted: the
+    right chart drawn against the priced passes alone (no drafting) fails it."""
+    history = {
+        "target": [LaneFigures("target", [7], 1, 0.1, 0.0), LaneFigures("target", [7, 8], 2, 0.2, 0.0)],
+        "suffix": [LaneFigures("suffix", [7, 8, 9], 1, 0.12, 0.01)],  # accepts 2, then a bonus
+    }
+    figure = race_figure(history)
+    by_passes = [trace for trace in figure.data if trace.xaxis in (None, "x")]
+    by_seconds = [trace for trace in figure.data if trace.xaxis == "x2"]
+    assert [trace.name for trace in by_passes] == [trace.name for trace in by_seconds] == ["target", "suffix"]
+    target, suffix = by_passes
+    assert list(target.x) == [0, 1, 2] and list(target.y) == [0, 1, 2]
+    assert list(suffix.x) == [0, 1] and list(suffix.y) == [0, 3]
+    assert list(by_seconds[1].x) == pytest.approx([0.0, 0.13])  # its pass priced plus its drafting
+    assert [trace.showlegend for trace in by_seconds] == [False, False]

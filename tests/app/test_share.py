@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from specdemo.app import page
 from specdemo.app.serving import share
-from specdemo.app.serving.share import RERUNNING, form_from_query, link_js, runs_on_open
+from specdemo.app.serving.share import RERUNNING, form_from_query, link_js, race_from_query, runs_on_open
 
 SHARED = {"prompt": "Hi there", "pair": "smollm2-135m-self", "seed": "3", "run": "1"}  # re-runs by itself off ZeroGPU
 
@@ -79,3 +79,42 @@ def test_on_zerogpu_a_link_fills_the_form_and_waits_for_run(monkeypatch):
         "quota, so a link never runs by itself."
     )
     assert opened({k: v for k, v in SHARED.items() if k != "run"})[0] == ""  # a link not asking to run says nothing
+
+
+RACE = {"tab": "race", "lanes": "ngram,suffix", "prompt": "Hi there", "seed": "3", "run": "1"}
+
+
+def test_a_race_link_opens_the_race_tab_with_its_prompt_and_lanes_and_re_runs(monkeypatch):
+    """?tab=race sets the Race tab's prompt (not the One prompt tab's) and lanes, shows the tab, and re-runs the race
+    (page.RUN_ON_OPEN_JS presses #race-run for it); Copy link on the Race tab names the tab and the lanes."""
+    monkeypatch.setattr(share, "ON_ZEROGPU", False)
+    text, form = opened(RACE)
+    one_prompt, race_prompt, lanes, tabs, *_ = form
+    assert text == f"Opened from a shared link: {RERUNNING}."
+    assert "value" not in one_prompt  # the One prompt tab's prompt is left alone
+    assert race_prompt["value"] == "Hi there" and lanes["value"] == ["ngram", "suffix"] and tabs.selected == "race"
+    assert "#race-run" in page.RUN_ON_OPEN_JS
+    script = link_js(("prompt", "lanes"), tab="race")
+    assert '"prompt", "lanes", "pair", ' in script and '{"tab": "race"}' in script
+
+
+def test_a_race_links_bad_lanes_or_tab_are_left_out_with_a_sentence():
+    """Planted: the target lane kept among the link's lanes (the control holds drafters only) fails it."""
+    assert race_from_query({"tab": "race", "lanes": "ngram,beam"}, {})[1:] == (
+        None,
+        [
+            "Left out lanes='ngram,beam': 'beam' is not a lane this pair can race: choose among target, ngram, suffix, "
+            "recurrent, hybrid."
+        ],
+    )
+    racing, lanes, notes = race_from_query({"tab": "race", "lanes": "ngram,draft"}, {"pair": "smollm2-135m-self"})
+    assert racing and lanes == ["ngram", "draft"] and notes == []  # checked against the link's own pair
+    assert race_from_query({"tab": "batch"}, {}) == (
+        False,
+        None,
+        ["Left out tab='batch': the only tab a link opens besides the first is 'race'."],
+    )
+    assert race_from_query({"lanes": "ngram"}, {})[2] == [
+        "Left out 'lanes': only a race's link (tab=race) names lanes."
+    ]
+    assert form_from_query(RACE)[2] == []  # the race's parameters are not the form's unknown ones

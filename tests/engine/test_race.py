@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import specdemo.engine.race as race_engine
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts
 from specdemo.core.race import agreement
@@ -100,3 +101,21 @@ def test_bad_lanes_are_one_sentence_before_any_model_loads(pair, lanes, message)
 def test_lanes_come_from_a_list_or_a_comma_separated_string_with_the_target_first():
     assert check_lanes(" suffix , ngram ", SELF) == ["target", "suffix", "ngram"]
     assert check_lanes(["hybrid", "target"], SELF) == ["target", "hybrid"]
+
+
+def test_a_lane_whose_drafter_cannot_be_built_stops_before_it_starts(offline_model, monkeypatch):
+    """A head trained for other weights (as on a Space whose target differs) refuses to load: its lane stops with the
+    head's sentence before the first pass, and the others race. Planted: the build failure raised from the race."""
+    build = race_engine.build_drafter
+
+    def refusing(name, *args, **kwargs):
+        if name == "recurrent":
+            raise ValueError("This head was trained for other weights: train one for this target.")
+        return build(name, *args, **kwargs)
+
+    monkeypatch.setattr(race_engine, "build_drafter", refusing)
+    _, runs = finished_race(offline_model, "ngram,recurrent", SamplingConfig())
+    target, ngram, recurrent = runs
+    assert recurrent.error == "This head was trained for other weights: train one for this target."
+    assert recurrent.done and not recurrent.rounds
+    assert target.error is None and emitted_ids(ngram.rounds) == emitted_ids(target.rounds) != []

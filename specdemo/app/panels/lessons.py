@@ -24,14 +24,16 @@ SKY = "Explain why the sky is blue to a ten-year-old."
 
 @dataclass(frozen=True)
 class Lesson:
-    """A preset: the tab it runs in, the prompt and the settings it changes from the defaults, and what to watch."""
+    """A preset: the tab it runs in, the prompt, a race's lanes and the settings it changes from the defaults, and what
+    to watch."""
 
     key: str  # the button's id is lesson-<key>
     title: str
     watch: str
-    tab: str = "one"  # "one": the One prompt tab's run; "audit": the Audit tab's
+    tab: str = "one"  # "one": the One prompt tab's run; "race": the Race tab's; "audit": the Audit tab's
     prompt: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
+    lanes: tuple[str, ...] = ()  # a race's drafter lanes (the target alone always races)
 
     def values(self, fields: Sequence[Field]) -> list:
         """Every setting of `fields`, in their order, at the lesson's value or its default."""
@@ -94,6 +96,17 @@ LESSONS = [
             "num_candidates": 3,
             "compare": False,
         },
+    ),
+    Lesson(
+        "race",
+        "Race the drafters",
+        "Every drafter decodes the same prompt at once, each lane a row of one batch, greedy: the lanes write the same "
+        "text token for token, and the lanes that copy from the prompt finish in the fewest target passes. The finish "
+        "chart draws each lane against the shared passes and against its own estimated time alone.",
+        tab="race",
+        prompt=SPELLING,
+        settings={"pair": "smollm2-135m-ngram", "max_new_tokens": 48},
+        lanes=("ngram", "suffix", "recurrent", "hybrid"),
     ),
     Lesson(
         "broken-sampler",

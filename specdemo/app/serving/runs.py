@@ -132,7 +132,14 @@ class Server:
                 f"{str(dtype).removeprefix('torch.')}: set the number format to auto."
             )
 
-    def prepare(self, prompts: list[str], values: dict, progress: gr.Progress, stop: threading.Event) -> Run:
+    def prepare(
+        self,
+        prompts: list[str],
+        values: dict,
+        progress: gr.Progress,
+        stop: threading.Event,
+        call: int | None = None,  # the seconds the run's ZeroGPU call asked for; None: call_seconds of its request
+    ) -> Run:
         """The checked request, its models and encoded prompts; a ValueError names the problem. The run's budget
         starts once they are ready: loading, the pass costs measured, and a ZeroGPU worker's first use of the models
         are outside it (on ZeroGPU, inside the seconds the call asked for)."""
@@ -158,7 +165,8 @@ class Server:
                 raise ValueError(f"Prompt {number}: {error}" if len(prompts) > 1 else str(error)) from None
             encoded.append(prompt_ids)
         ready = time.monotonic()
-        budget = budget_seconds(call_seconds(request), ready - started) if ON_ZEROGPU else self.budget_seconds
+        asked = call_seconds(request) if call is None else call
+        budget = budget_seconds(asked, ready - started) if ON_ZEROGPU else self.budget_seconds
         return Run(request, target, draft, encoded, self.schedulers, ready + budget, stop, budget)
 
 

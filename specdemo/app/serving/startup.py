@@ -20,6 +20,8 @@ from specdemo.models.loading import LoadedModel, check_same_tokenizer, gated_on_
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import PAIRS, Pair, needs_token, pair_dtype
 
+DRAFTER_MISMATCH = "its drafter does not match this target"  # why a pair is left out whose drafter failed to build
+
 
 def check_pair(pair: Pair, cache: ModelCache, device: torch.device, dtype: torch.dtype) -> LeftOut | None:
     """Why `pair` cannot run here, or None when it can, its models loaded (those not yet held) to check it."""
@@ -50,7 +52,7 @@ def check_drafter(pair: Pair, target: LoadedModel, draft: LoadedModel) -> LeftOu
     try:
         build_drafter(pair.drafter, target)
     except ValueError as error:
-        return LeftOut("its drafter does not match this target", str(error))
+        return LeftOut(DRAFTER_MISMATCH, str(error))
     return None
 
 

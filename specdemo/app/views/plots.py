@@ -3,11 +3,12 @@ throughput over time), small and transparent so they stream cheaply and read in 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import accumulate
 
 import plotly.graph_objects as go
 
+from specdemo.core.race import LaneFigures
 from specdemo.core.rounds import Round
 from specdemo.core.stats import num_tested, position_counts, run_stats
 
@@ -21,6 +22,14 @@ COLOURS = {
     "other": "rgb(150,150,150)",
     "baseline": "rgb(128,128,128)",
     "shared": "rgb(200,90,160)",
+}
+LANE_COLOURS = {  # a race's lanes, each its own hue; the target alone grey and dashed, as "target alone" elsewhere
+    "target": COLOURS["baseline"],
+    "ngram": COLOURS["accepted"],
+    "suffix": COLOURS["resampled"],
+    "recurrent": COLOURS["draft"],
+    "hybrid": COLOURS["bonus"],
+    "draft": COLOURS["shared"],
 }
 
 
@@ -352,3 +361,39 @@ def model_audit_figure(labels: Sequence[str], speculative: Sequence[int], target
     ]
     layout = {"barmode": "group", "height": 340, "xaxis": {"tickangle": -40}}
     return plain_figure(traces, "First tokens: speculative against the target alone", layout, yaxis="share")
+
+
+def race_figure(history: Mapping[str, Sequence[LaneFigures]]) -> go.Figure:
+    """A race's finish chart, one line per lane from its figures after each target pass: tokens against target passes
+    (left: the shared clock) and against the lane's estimated seconds alone (right: its own cost)."""
+    traces = []
+    for name, figures in history.items():
+        style = {
+            "mode": "lines",
+            "line": {
+                "color": LANE_COLOURS.get(name, COLOURS["other"]),
+                "dash": "dash" if name == "target" else "solid",
+            },
+            "legendgroup": name,
+        }
+        tokens = [0, *(len(lane.token_ids) for lane in figures)]
+        traces.append(
+            {"type": "scatter", "x": [0, *(lane.passes for lane in figures)], "y": tokens, "name": name, **style}
+        )
+        seconds = [0.0, *(lane.estimated_seconds for lane in figures)]
+        alone = {"xaxis": "x2", "yaxis": "y2", "showlegend": False}
+        traces.append({"type": "scatter", "x": seconds, "y": tokens, "name": name, **style, **alone})
+    layout = {
+        "xaxis": {
+            "domain": [0, 0.46],
+            "title": {"text": "target passes (shared)"},
+            "anchor": "y",
+            "rangemode": "tozero",
+        },
+        "yaxis": {"title": {"text": "tokens"}, "anchor": "x", "rangemode": "tozero"},
+        "xaxis2": {"domain": [0.54, 1], "title": {"text": "estimated seconds, each lane alone"}, "anchor": "y2"},
+        "yaxis2": {"anchor": "x2", "rangemode": "tozero"},
+        "height": 340,
+        "margin": {"t": 70},
+    }
+    return plain_figure(traces, "The finish: tokens against passes, and against each lane's own time", layout)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from specdemo.core.race import LaneFigures
 from specdemo.core.rounds import CoupledChoice, Round
 from specdemo.core.stats import run_stats
 
@@ -407,4 +408,36 @@ LANES_CSS = """
 .lane-head { font-size: 0.9em; margin-bottom: 4px; }
 .lane-figures { float: right; opacity: .75; }
 """
-THEME_CSS = TOKEN_CSS + CANDIDATES_CSS + LANES_CSS  # every token view's style: a run, its candidates, a batch
+
+
+def race_html(
+    lanes: Sequence[LaneFigures], rounds: Sequence[Sequence[Round]], done: Sequence[bool], decode: Decode, goal: int
+) -> str:
+    """The race view: one lane per drafter (the target alone first), its tokens in colour, a bar of its tokens against
+    `goal` (max new tokens), its target passes and its estimated seconds alone so far; a failed lane's sentence."""
+    pieces = []
+    for lane, lane_rounds, finished in zip(lanes, rounds, done, strict=True):
+        tokens = len(lane.token_ids)
+        state = "stopped" if lane.error else "finished" if finished else "racing"
+        figures = (
+            f"{tokens} / {goal} tokens · {lane.passes} target passes · ≈{lane.estimated_seconds:.2f} s alone · {state}"
+        )
+        width = 100.0 if finished and not lane.error else min(100.0, 100.0 * tokens / max(goal, 1))
+        error = f'<div class="race-error">{html.escape(lane.error, quote=False)}</div>' if lane.error else ""
+        pieces.append(
+            f'<div class="lane race-lane race-{state}"><div class="lane-head"><b>{html.escape(lane.name)}</b> '
+            f'<span class="lane-figures">{figures}</span></div>'
+            f'<div class="race-bar" title="{tokens} of {goal} tokens"><div class="race-fill" style="width: '
+            f'{width:.1f}%"></div></div><div class="tokens">{html_spans(token_spans(lane_rounds, decode))}</div>'
+            f"{error}</div>"
+        )
+    return "".join(pieces)
+
+
+RACE_CSS = """
+.race-bar { height: 6px; border-radius: 3px; background-color: rgba(128, 128, 128, .2); margin: 2px 0 6px; }
+.race-fill { height: 100%; border-radius: 3px; background-color: rgb(50, 120, 230); }
+.race-stopped .race-fill { background-color: rgb(220, 50, 50); }
+.race-error { margin-top: 4px; font-size: 0.9em; color: rgb(220, 50, 50); }
+"""
+THEME_CSS = TOKEN_CSS + CANDIDATES_CSS + LANES_CSS + RACE_CSS  # every token view's style: a run, candidates, lanes
