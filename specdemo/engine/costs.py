@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
@@ -135,22 +134,6 @@ def pass_costs(model: PreTrainedModel, max_tokens: int) -> PassCosts:
         known = _MEASURED[_key(model)] = PassCosts.from_seconds(measure_pass_seconds(model, sizes))
         watch(model).measured_again()
     return known
-
-
-_SAMPLED: dict[tuple, PassCosts] = {}
-
-
-def sampled_pass_costs(model: PreTrainedModel, max_tokens: int, sampling: SamplingConfig) -> PassCosts:
-    """pass_costs for rows with `sampling`'s settings: a sampled round also computes the probabilities and draws, which
-    greedy rounds skip (measured once per model and settings, the seed aside; greedy: pass_costs itself)."""
-    if sampling.is_greedy:
-        return pass_costs(model, max_tokens)
-    largest = next((size for size in MEASURED_SIZES if size >= max_tokens), MEASURED_SIZES[-1])
-    key = (_key(model), replace(sampling, seed=0), largest)
-    if key not in _SAMPLED:
-        sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
-        _SAMPLED[key] = PassCosts.from_seconds(measure_pass_seconds(model, sizes, sampling=sampling))
-    return _SAMPLED[key]
 
 
 def shared_costs(model: PreTrainedModel) -> BatchCosts | None:

@@ -19,7 +19,7 @@ from specdemo.core.rounds import Round
 from specdemo.drafters.base import Draft, Drafter, DraftRequest, hidden_layers, reads_hidden_state
 from specdemo.drafters.head_file import head_path
 from specdemo.drafters.registry import DRAFTER_KINDS, HYBRID, RECURRENT
-from specdemo.engine.costs import sampled_pass_costs
+from specdemo.engine.costs import MEASURED_SIZES, measure_pass_seconds
 from specdemo.engine.decoding import BatchDecoder, DrafterFailed
 from specdemo.engine.drafting import build_drafter
 from specdemo.models.loading import LoadedModel
@@ -121,10 +121,14 @@ class LaneRun:
 
 
 def race_costs(target: LoadedModel, speculative: SpeculativeConfig, sampling: SamplingConfig) -> PassCosts:
-    """The target's pass costs measured under the race's sampling settings, up to the widest draft a lane reads (once
-    per model and settings, a few seconds; greedy ones are those the cost-aware drafters plan with); the first round's
-    read of the prompt is priced by extrapolating them."""
-    return sampled_pass_costs(target.model, speculative.num_candidates * speculative.num_draft_tokens + 1, sampling)
+    """The target's pass costs measured as the race starts, on rows with its sampling settings (a sampled round also
+    computes probabilities and draws), for passes up to the widest draft a lane reads: the machine's speed now, not at
+    load (a machine that slowed since prices every lane low), in about a second on this CPU. The first round's read
+    of the prompt is priced by extrapolating them."""
+    widest = speculative.num_candidates * speculative.num_draft_tokens + 1
+    largest = next((size for size in MEASURED_SIZES if size >= widest), MEASURED_SIZES[-1])
+    sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
+    return PassCosts.from_seconds(measure_pass_seconds(target.model, sizes, sampling=sampling))
 
 
 def race(

@@ -4,11 +4,8 @@ the machine being idle: time is a stand-in clock."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
-from specdemo.config import SamplingConfig
 from specdemo.core.planning import Plan, plan_draft
 from specdemo.engine import cost_watch, costs
 from specdemo.engine.cost_watch import DECLINED, WINDOW, CostWatch
@@ -114,21 +111,3 @@ def test_pass_costs_are_measured_again_when_the_watch_says_so(monkeypatch):
         cost_watch.watch(model).observe(plan, plan.step_seconds)
     plan = plan_draft(chances, costs.pass_costs(model, 6))
     assert plan.num_tokens == 5
-
-
-def test_sampled_costs_are_measured_on_rows_with_the_runs_settings(monkeypatch):
-    """A race prices sampled rounds with costs measured on sampled rows (a greedy round skips the probabilities and
-    draws). Planted: measuring them on greedy rows; the recorded settings are then greedy."""
-    model, added = tiny_model(0), []
-    original_add = costs.BatchDecoder.add
-
-    def add(decoder, key, prompt_ids, sampling, speculative, *args, **kwargs):
-        added.append(sampling)
-        return original_add(decoder, key, prompt_ids, sampling, speculative, *args, **kwargs)
-
-    monkeypatch.setattr(costs.BatchDecoder, "add", add)
-    sampled = SamplingConfig(temperature=0.8, rule="coupled", seed=5)
-    first = costs.sampled_pass_costs(model, 3, sampled)
-    assert added and all(s == sampled for s in added)
-    assert costs.sampled_pass_costs(model, 3, replace(sampled, seed=9)) is first  # measured once, the seed aside
-    assert costs.sampled_pass_costs(model, 3, SamplingConfig()) is costs.pass_costs(model, 3)  # greedy: the planner's

@@ -4,6 +4,8 @@ the others finish; bad lanes are refused in one sentence before any model loads.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -13,10 +15,12 @@ from specdemo.core.planning import PassCosts
 from specdemo.core.race import agreement
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters.suffix import SuffixDrafter
+from specdemo.engine import costs
 from specdemo.engine.decoding import autoregressive_generate
-from specdemo.engine.race import MAX_LANES, check_lanes, race
+from specdemo.engine.race import MAX_LANES, check_lanes, race, race_costs
 from specdemo.models.loading import LoadedModel, prompt_token_ids
 from specdemo.pairs import find_pair
+from tests.helpers import tiny_model
 
 SELF = find_pair("smollm2-135m-self")  # the offline target and a draft model: every lane kind can race
 EVERY_KIND = "ngram,suffix,recurrent,hybrid,draft"
@@ -119,3 +123,22 @@ def test_a_lane_whose_drafter_cannot_be_built_stops_before_it_starts(offline_mod
     assert recurrent.error == "This head was trained for other weights: train one for this target."
     assert recurrent.done and not recurrent.rounds
     assert target.error is None and emitted_ids(ngram.rounds) == emitted_ids(target.rounds) != []
+
+
+def test_a_race_is_priced_with_costs_measured_now_on_rows_with_its_settings(monkeypatch):
+    """A sampled round also computes the probabilities and draws that a greedy round skips, so a sampled race priced
+    at greedy rows' costs came out 10-18% low; costs measured at load came out low on a machine that slowed since.
+    Planted: measuring on greedy rows (the settings recorded are then greedy), or reusing the load's costs (nothing is
+    measured here)."""
+    added = []
+    original_add = costs.BatchDecoder.add
+
+    def add(decoder, key, prompt_ids, sampling, *args, **kwargs):
+        added.append(sampling)
+        return original_add(decoder, key, prompt_ids, sampling, *args, **kwargs)
+
+    monkeypatch.setattr(costs.BatchDecoder, "add", add)
+    sampled = SamplingConfig(temperature=0.8, rule="coupled", seed=5)
+    priced = race_costs(SimpleNamespace(model=tiny_model(0)), SpeculativeConfig(num_draft_tokens=5), sampled)
+    assert added and all(sampling == sampled for sampling in added)
+    assert priced.sizes == (1, 2, 3, 4, 6)  # every measured size up to a full draft of 5 and the last token
