@@ -24,8 +24,7 @@ import torch
 
 from specdemo.bench.prompts import PROMPTS, BenchPrompt, load_prompts
 from specdemo.config import RULES, SamplingConfig, SpeculativeConfig
-from specdemo.core.planning import PassCosts
-from specdemo.core.race import TARGET_LANE, LaneFigures, pass_seconds
+from specdemo.core.race import TARGET_LANE, LaneFigures, RaceCosts, pass_seconds
 from specdemo.core.rounds import Round
 from specdemo.core.stats import emitted_ids
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
@@ -119,7 +118,7 @@ def measure(
     rows = []
     for index, prompt in enumerate(prompts):
         prompt_ids = prompt_token_ids(target, prompt.text)
-        costs = race_costs(target, speculative, sampling)  # measured here, not in a timed run
+        costs = race_costs(target, prompt_ids, speculative, sampling)  # measured here, not in a timed run
         timed = time_methods(methods, prompt_ids, costs, repeats, shift=index)
         rows.extend(lane_rows(prompt.name, bool(prompt.grounded), len(prompt_ids), timed, costs))
         print("\n".join(table_row(row) for row in rows if row["prompt"] == prompt.name), flush=True)
@@ -167,7 +166,7 @@ def race_methods(
 
 
 def time_methods(
-    methods: dict[str, Method], prompt_ids: list[int], costs: PassCosts, repeats: int, shift: int
+    methods: dict[str, Method], prompt_ids: list[int], costs: RaceCosts, repeats: int, shift: int
 ) -> dict[str, dict]:
     """Every method once a repeat, one at a time, the order rotated each repeat so none always runs first or warm; per
     lane: its figures in each race, its seconds and rounds alone in each repeat."""
@@ -190,7 +189,7 @@ def time_methods(
     return {lane: {**timed, "race_seconds": race_seconds} for lane, timed in lanes.items()}
 
 
-def lane_rows(prompt: str, grounded: bool, prompt_tokens: int, timed: dict[str, dict], costs: PassCosts) -> list[dict]:
+def lane_rows(prompt: str, grounded: bool, prompt_tokens: int, timed: dict[str, dict], costs: RaceCosts) -> list[dict]:
     """One row a lane: the medians of its estimated and its alone seconds, their ratio, and whether each repeat alone
     wrote the tokens it wrote in the race of the same repeat; beside them, the first round (the prompt's read) priced
     and as timed alone, where an estimate is most likely to part from the clock."""
@@ -210,8 +209,8 @@ def lane_rows(prompt: str, grounded: bool, prompt_tokens: int, timed: dict[str, 
                 "new_tokens": len(figures[0].token_ids),
                 "passes": figures[0].passes,
                 "alone_passes": len(alone_rounds[0]),
-                "step_seconds": round(costs.step_seconds, 5),  # the measured one-token pass the estimate prices from
-                "prompt_read_steps": round(costs.steps(alone_rounds[0][0].num_input_tokens), 3),  # t(n) ÷ t(1)
+                "step_seconds": round(costs.passes.step_seconds, 5),  # the measured one-token pass it prices from
+                "first_pass_seconds": round(costs.first_seconds, 4),  # the measured pass reading the prompt alone
                 "first_round_estimated_seconds": round(pass_seconds(alone_rounds[0][:1], costs), 4),
                 "first_round_alone_seconds": round(statistics.median(r[0].wall_seconds for r in alone_rounds), 4),
                 "estimated_seconds": round(estimated, 4),

@@ -61,7 +61,7 @@ def race_command(args: argparse.Namespace, progress) -> int:
     target, draft = load_pair(settings.pair, ModelCache(), progress, allow_local=True, dtype=settings.dtype)
     prompt_ids = prompt_token_ids(target, args.prompt, chat=not args.no_chat)
     check_prompt_fits(len(prompt_ids), settings.speculative.max_new_tokens, target.context_length)
-    costs = race_costs(target, settings.speculative, settings.sampling)
+    costs = race_costs(target, prompt_ids, settings.speculative, settings.sampling)
     started = time.perf_counter()
     for runs in race(target, draft, lanes, prompt_ids, settings.sampling, settings.speculative, options):
         progress(f"pass {max(len(run.rounds) for run in runs)}: " + ", ".join(

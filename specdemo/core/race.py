@@ -1,6 +1,7 @@
 """Pure: a race's figures. Lanes decode one prompt as rows of one batch, so they share the target's passes and the
 batch's clock counts passes; each lane's own time is estimated as it would run alone: its passes, each priced at this
-device's measured cost for the tokens it read, plus its own drafting seconds."""
+device's measured cost for the tokens it read (the first, which reads the prompt, at its own measured cost), plus its
+own drafting seconds."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ from specdemo.core.rounds import Round
 from specdemo.core.stats import emitted_ids
 
 TARGET_LANE = "target"  # the target alone, one token a pass: the lane every speedup is against
+
+
+@dataclass(frozen=True)
+class RaceCosts:
+    """What a lane's passes cost alone on this device, measured as the race starts."""
+
+    passes: PassCosts  # t(n) for a pass reading n tokens after the prompt: the last token and the drafts
+    prompt_tokens: int
+    first_seconds: float  # the first pass of a row alone, which reads the prompt, measured with nothing drafted
 
 
 @dataclass(frozen=True)
@@ -34,14 +44,22 @@ class LaneFigures:
         return len(self.token_ids) / self.passes if self.passes else 0.0
 
 
-def pass_seconds(rounds: Sequence[Round], costs: PassCosts) -> float:
-    """The rounds' passes as one row alone pays them: t(n) for the n tokens each pass read for the row (its prompt and
-    drafts in the first round, its last token and drafts after)."""
-    return costs.step_seconds * sum(costs.steps(round_.num_input_tokens) for round_ in rounds)
+def pass_seconds(rounds: Sequence[Round], costs: RaceCosts) -> float:
+    """The rounds' passes as one row alone pays them: t(n) for the n tokens each pass read for the row; the first
+    round's pass, which reads the prompt, at the measured first pass and what its drafts add, t(1 + drafts) - t(1)."""
+    passes = costs.passes
+    total = 0.0
+    for round_ in rounds:
+        if round_.index == 0:
+            drafted = max(0, round_.num_input_tokens - costs.prompt_tokens)
+            total += costs.first_seconds + passes.step_seconds * (passes.steps(1 + drafted) - 1)
+        else:
+            total += passes.step_seconds * passes.steps(round_.num_input_tokens)
+    return total
 
 
 def lane_figures(
-    name: str, rounds: Sequence[Round], costs: PassCosts, drafting_seconds: float, error: str | None = None
+    name: str, rounds: Sequence[Round], costs: RaceCosts, drafting_seconds: float, error: str | None = None
 ) -> LaneFigures:
     token_ids = emitted_ids(list(rounds))
     return LaneFigures(name, token_ids, len(rounds), pass_seconds(rounds, costs), drafting_seconds, error)

@@ -14,9 +14,9 @@ import torch
 
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts
-from specdemo.core.race import TARGET_LANE, LaneFigures, lane_figures
+from specdemo.core.race import TARGET_LANE, LaneFigures, RaceCosts, lane_figures
 from specdemo.core.rounds import Round
-from specdemo.drafters.base import Draft, Drafter, DraftRequest, hidden_layers, reads_hidden_state
+from specdemo.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, hidden_layers, reads_hidden_state
 from specdemo.drafters.head_file import head_path
 from specdemo.drafters.registry import DRAFTER_KINDS, HYBRID, RECURRENT
 from specdemo.engine.costs import MEASURED_SIZES, measure_pass_seconds
@@ -116,19 +116,37 @@ class LaneRun:
     error: str | None = None
     done: bool = False
 
-    def figures(self, costs: PassCosts) -> LaneFigures:
+    def figures(self, costs: RaceCosts) -> LaneFigures:
         return lane_figures(self.name, self.rounds, costs, self.drafting_seconds, self.error)
 
 
-def race_costs(target: LoadedModel, speculative: SpeculativeConfig, sampling: SamplingConfig) -> PassCosts:
-    """The target's pass costs measured as the race starts, on rows with its sampling settings (a sampled round also
-    computes probabilities and draws), for passes up to the widest draft a lane reads: the machine's speed now, not at
-    load (a machine that slowed since prices every lane low), in about a second on this CPU. The first round's read
-    of the prompt is priced by extrapolating them."""
+def race_costs(
+    target: LoadedModel, prompt_ids: Sequence[int], speculative: SpeculativeConfig, sampling: SamplingConfig
+) -> RaceCosts:
+    """What a lane's passes cost alone, measured as the race starts, on rows with its sampling settings (a sampled
+    round also computes probabilities and draws): t(n) for passes up to the widest draft a lane reads, and the first
+    pass of the prompt alone, the fastest of two after a warm-up. The machine's speed now, not at load (a machine that
+    slowed since would price every lane low): about two seconds on this CPU."""
     widest = speculative.num_candidates * speculative.num_draft_tokens + 1
     largest = next((size for size in MEASURED_SIZES if size >= widest), MEASURED_SIZES[-1])
     sizes = tuple(size for size in MEASURED_SIZES if size <= largest)
-    return PassCosts.from_seconds(measure_pass_seconds(target.model, sizes, sampling=sampling))
+    passes = PassCosts.from_seconds(measure_pass_seconds(target.model, sizes, sampling=sampling))
+    return RaceCosts(passes, len(prompt_ids), first_pass_seconds(target, prompt_ids, sampling))
+
+
+def first_pass_seconds(
+    target: LoadedModel, prompt_ids: Sequence[int], sampling: SamplingConfig, repeats: int = 2
+) -> float:
+    """The first round of the prompt's row alone, which reads the prompt: the fastest of `repeats` after a warm-up."""
+    seconds = []
+    for _ in range(repeats + 1):
+        decoder = BatchDecoder(target.model, NoDrafter(), target.eos_token_ids)
+        decoder.add(0, list(prompt_ids), sampling, SpeculativeConfig(max_new_tokens=1))  # it leaves after its round
+        started = time.perf_counter()
+        outcomes = decoder.step()
+        seconds.append(time.perf_counter() - started)
+        assert not any(isinstance(outcome, Exception) for _, outcome in outcomes), outcomes
+    return min(seconds[1:])
 
 
 def race(

@@ -8,10 +8,11 @@ from dataclasses import replace
 import pytest
 
 from specdemo.core.planning import PassCosts
-from specdemo.core.race import LaneFigures, agreement, first_difference, lane_figures, speedup
+from specdemo.core.race import LaneFigures, RaceCosts, agreement, first_difference, lane_figures, speedup
 from tests.helpers import make_round
 
-COSTS = PassCosts.from_seconds({1: 0.010, 4: 0.020, 8: 0.040})  # t(1) = 10 ms; t(4) = 2 steps; t(8) = 4 steps
+PASSES = PassCosts.from_seconds({1: 0.010, 4: 0.020, 8: 0.040})  # t(1) = 10 ms; t(4) = 2 steps; t(8) = 4 steps
+COSTS = RaceCosts(PASSES, prompt_tokens=30, first_seconds=0.100)  # reading the 30-token prompt alone: 100 ms
 
 
 def rounds_reading(*num_input_tokens: int):
@@ -20,12 +21,15 @@ def rounds_reading(*num_input_tokens: int):
 
 
 def test_a_lane_is_priced_by_the_tokens_each_of_its_passes_read():
-    """Planted: pricing every pass as one token (t(1) a pass) gives 30 ms here, not 70 ms."""
-    lane = lane_figures("suffix", rounds_reading(8, 4, 1), COSTS, drafting_seconds=0.005)
-    assert lane.passes == 3 and lane.token_ids == [99, 99, 99]
-    assert lane.pass_seconds == pytest.approx(0.040 + 0.020 + 0.010)
-    assert lane.estimated_seconds == pytest.approx(0.075)
+    """The first pass reads the 30-token prompt and 3 drafts: the prompt's measured pass and t(4) - t(1); then t(8),
+    t(4) and t(1). Planted: pricing every pass as one token (t(1) a pass) gives 40 ms here, not 80 ms; the first pass
+    priced by extrapolating t(n) to the prompt's 33 tokens (16.5 steps), 165 ms, not 110."""
+    lane = lane_figures("suffix", rounds_reading(33, 8, 4, 1), COSTS, drafting_seconds=0.005)
+    assert lane.passes == 4 and lane.token_ids == [99, 99, 99, 99]
+    assert lane.pass_seconds == pytest.approx((0.100 + 0.010) + 0.040 + 0.020 + 0.010)
+    assert lane.estimated_seconds == pytest.approx(0.185)
     assert lane.tokens_per_pass == 1.0
+    assert lane_figures("target", rounds_reading(30, 1), COSTS, 0.0).pass_seconds == pytest.approx(0.110)
 
 
 def test_the_speedup_is_tokens_per_estimated_second_against_the_target_lanes():

@@ -12,7 +12,7 @@ import torch
 import specdemo.engine.race as race_engine
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts
-from specdemo.core.race import agreement
+from specdemo.core.race import RaceCosts, agreement
 from specdemo.core.stats import emitted_ids
 from specdemo.drafters.suffix import SuffixDrafter
 from specdemo.engine import costs
@@ -58,7 +58,9 @@ def test_every_lane_writes_the_target_alones_text(offline_model, sampling):
     assert [emitted_ids(run.rounds) for run in runs] == [alone] * len(runs)
     assert len(runs[0].rounds) == len(alone)  # the target lane: one token a pass
     assert min(len(run.rounds) for run in runs[1:]) < len(alone)  # some drafter saved passes
-    figures = [run.figures(PassCosts.from_seconds({1: 0.01, 2: 0.02})) for run in runs]
+    figures = [
+        run.figures(RaceCosts(PassCosts.from_seconds({1: 0.01, 2: 0.02}), len(prompt_ids), 0.05)) for run in runs
+    ]
     assert agreement(figures, True).startswith(f"All {MAX_LANES} finished lanes wrote the same")
     assert all(f.drafting_seconds > 0 for f in figures[1:]) and figures[0].drafting_seconds == 0
 
@@ -139,6 +141,8 @@ def test_a_race_is_priced_with_costs_measured_now_on_rows_with_its_settings(monk
 
     monkeypatch.setattr(costs.BatchDecoder, "add", add)
     sampled = SamplingConfig(temperature=0.8, rule="coupled", seed=5)
-    priced = race_costs(SimpleNamespace(model=tiny_model(0)), SpeculativeConfig(num_draft_tokens=5), sampled)
+    target = SimpleNamespace(model=tiny_model(0), eos_token_ids=frozenset())
+    priced = race_costs(target, [1, 2, 3], SpeculativeConfig(num_draft_tokens=5), sampled)
     assert added and all(sampling == sampled for sampling in added)
-    assert priced.sizes == (1, 2, 3, 4, 6)  # every measured size up to a full draft of 5 and the last token
+    assert priced.passes.sizes == (1, 2, 3, 4, 6)  # every measured size up to a full draft of 5 and the last token
+    assert priced.prompt_tokens == 3 and priced.first_seconds > 0

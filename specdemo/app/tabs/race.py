@@ -30,8 +30,7 @@ from specdemo.app.serving.startup import DRAFTER_MISMATCH
 from specdemo.app.serving.zerogpu import MIN_SECONDS, gpu_function, run_seconds
 from specdemo.app.views.plots import race_figure, waiting
 from specdemo.app.views.render import THEME_CSS, race_html
-from specdemo.core.planning import PassCosts
-from specdemo.core.race import TARGET_LANE, LaneFigures, agreement, lane_record, speedup
+from specdemo.core.race import TARGET_LANE, LaneFigures, RaceCosts, agreement, lane_record, speedup
 from specdemo.drafters.registry import DRAFTER_KINDS, drafter_options
 from specdemo.engine.race import MAX_LANES, LaneRun, check_lanes, lane_choices, race, race_costs
 from specdemo.engine.resources import openmp_workers_released
@@ -174,7 +173,7 @@ def stream_race(run: Run, lanes: list[str]) -> Iterator[tuple]:
     the last update has one result per lane."""
     request, held = run.request, partial(round_held, run.schedulers.models_lock)
     with held():
-        costs = race_costs(run.target, request.speculative, request.sampling)
+        costs = race_costs(run.target, run.prompts[0], request.speculative, request.sampling)
     options = {name: drafter_options(name, request.values) for name in lanes if name in DRAFTER_KINDS}
     history: dict[str, list[LaneFigures]] = {name: [] for name in lanes}
     runs = [LaneRun(name) for name in lanes]
@@ -204,7 +203,7 @@ def stream_race(run: Run, lanes: list[str]) -> Iterator[tuple]:
     yield race_view(run, runs, costs), summary, race_figure(history), race_results(run, figures, agreed)
 
 
-def race_view(run: Run, runs: Sequence[LaneRun], costs: PassCosts) -> str:
+def race_view(run: Run, runs: Sequence[LaneRun], costs: RaceCosts) -> str:
     figures = [lane.figures(costs) for lane in runs]
     rounds, done = [lane.rounds for lane in runs], [lane.done for lane in runs]
     return race_html(figures, rounds, done, decode_fn(run.target), run.request.speculative.max_new_tokens)
