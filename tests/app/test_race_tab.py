@@ -1,6 +1,6 @@
 """The Race tab's /race: every lane writes the target's own text under greedy decoding and the coupled rule; bad lanes
 are one sentence before any model work; a drafter that fails stops its lane with a sentence while the others finish;
-on ZeroGPU a race is one call that asks for every lane's tokens."""
+its ZeroGPU call is tested with the other calls (test_zerogpu.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,9 @@ from gradio_client.exceptions import AppError
 import specdemo.engine.race as race_engine
 from specdemo.app.form import LeftOut
 from specdemo.app.serving.startup import DRAFTER_MISMATCH
-from specdemo.app.serving.zerogpu import run_seconds
 from specdemo.app.tabs import race
 from specdemo.drafters.ngram import NgramDrafter
 from specdemo.pairs import find_pair
-from tests.app.test_zerogpu import DURATION_FACTOR, calls, space  # noqa: F401 - `space` is the Space's fixture
 from tests.app_helpers import SPELLING, settings
 
 FOUR = ["ngram", "suffix", "recurrent", "hybrid"]
@@ -128,20 +126,3 @@ def test_a_failing_drafter_stops_its_lane_with_a_sentence_and_the_others_finish(
     assert len({lane["text"] for lane in finished}) == 1
     assert result["agreement"].startswith("All 4 finished lanes wrote the same")
     assert "planted: the n-gram index broke" in summary
-
-
-def test_a_race_is_one_zerogpu_call_that_covers_every_lane(space):  # noqa: F811
-    """Through `spaces`' own wrappers (tests/app/zerogpu_space.py): the race is one call, decoded in the worker,
-    lent for every lane's tokens as if each decoded alone (the lanes share passes, so this covers them). Planted: a
-    race asking for one run's seconds fails it."""
-    url, log = space
-    before = len(calls(log))
-    values = race_settings("ngram,suffix,recurrent,hybrid", dtype="auto", max_new_tokens=48)
-    _, summary, _, result = Client(url, verbose=False).predict(**values, api_name="/race")
-    assert result["agreement"].startswith("All 5 finished lanes wrote the same"), result  # decoded in the call
-    assert "Stopped" not in summary
-    new = calls(log)[before:]
-    assert [call["call"] for call in new if call["call"] in ("schedule", "release")] == ["schedule", "release"]
-    [schedule] = [call for call in new if call["call"] == "schedule"]
-    assert run_seconds(48, 5) > run_seconds(48, 1)  # five lanes ask for more than one run does
-    assert schedule["seconds"] == round(run_seconds(48, 5) * DURATION_FACTOR)

@@ -29,7 +29,7 @@ from specdemo.app.serving.runs import call_seconds
 from specdemo.app.serving.zerogpu import MARGIN_SECONDS, MIN_SECONDS, ON_ZEROGPU, run_seconds
 from specdemo.models.platform import on_zerogpu
 from tests.app.test_browser import ARTIFACTS, RUN_ENDS_MS, open_page, set_numbers
-from tests.app_helpers import CHROMIUM, settings
+from tests.app_helpers import CHROMIUM, SPELLING, settings
 from tests.helpers import HANG_GUARD_SECONDS, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,3 +258,20 @@ def test_a_model_audit_is_a_call_in_spaces_worker(space):
     assert verdict.startswith("**Lossless") or verdict.startswith("**Not"), verdict  # the audit ran to its verdict
     new = calls(log)[before:]
     assert [call["call"] for call in new if call["call"] in ("schedule", "release")] == ["schedule", "release"]
+
+
+def test_a_race_is_one_zerogpu_call_that_covers_every_lane(space):
+    """Through `spaces`' own wrappers (tests/app/zerogpu_space.py): the race is one call, decoded in the worker,
+    lent for every lane's tokens as if each decoded alone (the lanes share passes, so this covers them). Planted: a
+    race asking for one run's seconds fails it."""
+    url, log = space
+    before = len(calls(log))
+    values = {**settings(SPELLING, dtype="auto", max_new_tokens=48), "lanes": "ngram,suffix,recurrent,hybrid"}
+    _, summary, _, result = Client(url, verbose=False).predict(**values, api_name="/race")
+    assert result["agreement"].startswith("All 5 finished lanes wrote the same"), result  # decoded in the call
+    assert "Stopped" not in summary
+    new = calls(log)[before:]
+    assert [call["call"] for call in new if call["call"] in ("schedule", "release")] == ["schedule", "release"]
+    [schedule] = [call for call in new if call["call"] == "schedule"]
+    assert run_seconds(48, 5) > run_seconds(48, 1)  # five lanes ask for more than one run does
+    assert schedule["seconds"] == round(run_seconds(48, 5) * DURATION_FACTOR)
