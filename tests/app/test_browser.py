@@ -327,6 +327,19 @@ def test_a_race_of_five_lanes_writes_one_text_greedy_and_coupled_sampled(browser
     assert len(sampled) == 5 and len(set(sampled)) == 1 and "autumn" not in texts[0], sampled
     assert page.locator("#race-lanes .race-finished").count() == 5
     page.screenshot(path=str(ARTIFACTS / "race-coupled-light.png"), full_page=True)
+    page.close()
+
+
+@pytest.mark.thorough
+def test_a_races_link_and_its_lesson_run_it_again(browser, app):
+    """Breadth beside the race above: a coupled race's Copy link, opened in a new page, opens the Race tab and re-runs
+    it with the same texts (test_share.py checks the link's parsing); the lesson Race the drafters runs greedy."""
+    page = open_page(browser, app)
+    set_numbers(page, max_new_tokens=24, temperature=0.8)
+    page.get_by_role("tab", name="Race").click()
+    page.locator("#rule label", has_text="same text for any drafter").click()
+    page.fill("#race-prompt textarea", "Write a haiku about autumn rain.")
+    sampled = race_to_its_end(page)
     page.click("#race-copy-link")  # the link opens the Race tab and re-runs the race: the same text
     page.wait_for_function("document.querySelector('#race-share-link textarea')?.value.includes('tab=race')")
     link = page.input_value("#race-share-link textarea")

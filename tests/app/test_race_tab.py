@@ -39,7 +39,11 @@ def texts(result: dict) -> dict[str, str]:
     "lanes, changes",
     [
         (FOUR, {}),  # greedy, the offline default pair
-        ("ngram, suffix, hybrid, draft", {"pair": "smollm2-135m-self", "temperature": 0.8, "rule": "coupled"}),
+        pytest.param(  # thorough: the engine's and the browser's races are coupled too
+            "ngram, suffix, hybrid, draft",
+            {"pair": "smollm2-135m-self", "temperature": 0.8, "rule": "coupled"},
+            marks=pytest.mark.thorough,
+        ),
     ],
     ids=["greedy", "coupled-sampled"],
 )
