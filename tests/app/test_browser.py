@@ -299,9 +299,9 @@ def race_to_its_end(page, button: str = "#race-run") -> list[str]:
     return page.evaluate(LANE_TEXTS)
 
 
-def test_a_race_of_five_lanes_writes_one_text_greedy_and_coupled_sampled(browser, app):
-    """Four drafters and the target alone race on the offline default: greedy, then sampled at 0.8 under the rule
-    'same text for any drafter'; every lane writes the same text, and the finish chart is drawn."""
+def test_a_race_of_five_lanes_writes_one_text(browser, app):
+    """Four drafters and the target alone race on the offline default, greedy: every lane writes the same text, and
+    the finish chart is drawn (a coupled sampled race in the browser: the thorough test below)."""
     page = open_page(browser, app)
     set_numbers(page, max_new_tokens=24)  # the settings column is the race's too
     page.get_by_role("tab", name="Race").click()
@@ -319,27 +319,24 @@ def test_a_race_of_five_lanes_writes_one_text_greedy_and_coupled_sampled(browser
     page.wait_for_timeout(500)  # plotly redraws the chart at the new width after a resize, debounced
     page.screenshot(path=str(ARTIFACTS / "race-presenter.png"), full_page=True)
     page.click("#presenter")
-    set_numbers(page, temperature=0.8)
-    page.locator("#rule label", has_text="same text for any drafter").click()
-    assert page.input_value("#temperature input[type=number]") == "0.8"
-    page.fill("#race-prompt textarea", "Write a haiku about autumn rain.")  # free writing: sampling shows
-    sampled = race_to_its_end(page)
-    assert len(sampled) == 5 and len(set(sampled)) == 1 and "autumn" not in texts[0], sampled
-    assert page.locator("#race-lanes .race-finished").count() == 5
-    page.screenshot(path=str(ARTIFACTS / "race-coupled-light.png"), full_page=True)
     page.close()
 
 
 @pytest.mark.thorough
-def test_a_races_link_and_its_lesson_run_it_again(browser, app):
-    """Breadth beside the race above: a coupled race's Copy link, opened in a new page, opens the Race tab and re-runs
-    it with the same texts (test_share.py checks the link's parsing); the lesson Race the drafters runs greedy."""
+def test_a_coupled_race_its_link_and_its_lesson(browser, app):
+    """Breadth beside the race above: sampled at 0.8 under the rule 'same text for any drafter', every lane writes the
+    same text; its Copy link, opened in a new page, opens the Race tab and re-runs it with the same texts
+    (test_share.py checks the link's parsing); the lesson Race the drafters runs greedy."""
     page = open_page(browser, app)
     set_numbers(page, max_new_tokens=24, temperature=0.8)
     page.get_by_role("tab", name="Race").click()
     page.locator("#rule label", has_text="same text for any drafter").click()
-    page.fill("#race-prompt textarea", "Write a haiku about autumn rain.")
+    assert page.input_value("#temperature input[type=number]") == "0.8"
+    page.fill("#race-prompt textarea", "Write a haiku about autumn rain.")  # free writing: sampling shows
     sampled = race_to_its_end(page)
+    assert len(sampled) == 5 and len(set(sampled)) == 1 and sampled[0], sampled
+    assert page.locator("#race-lanes .race-finished").count() == 5
+    page.screenshot(path=str(ARTIFACTS / "race-coupled-light.png"), full_page=True)
     page.click("#race-copy-link")  # the link opens the Race tab and re-runs the race: the same text
     page.wait_for_function("document.querySelector('#race-share-link textarea')?.value.includes('tab=race')")
     link = page.input_value("#race-share-link textarea")

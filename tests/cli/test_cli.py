@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from specdemo.cli.main import main
+from specdemo.cli.race import race_table
 from specdemo.config import SamplingConfig, check_prompt_fits, check_row_seeds, run_settings
+from specdemo.core.race import LaneFigures
 from specdemo.models.loading import LoadedModel, native_bfloat16
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR, pair_dtype
@@ -348,16 +350,16 @@ def test_race_prints_a_line_per_lane_and_that_their_texts_agree(offline_model, m
         return cache
 
     monkeypatch.setattr("specdemo.cli.race.ModelCache", holding)
-    common = ["race", "--prompt", PROMPT, "--max-new-tokens", "12", "--dtype", "float32"]
-    assert main([*common, "--lanes", "ngram,suffix"]) == 0
-    out = capsys.readouterr().out
-    assert [line.split()[0] for line in out.splitlines()[1:4]] == ["target", "ngram", "suffix"]
-    assert "All 3 finished lanes wrote the same" in out
-    assert main([*common, "--lanes", "ngram", "--json"]) == 0
+    common = ["race", "--prompt", PROMPT, "--max-new-tokens", "12", "--dtype", "float32", "--lanes", "ngram,suffix"]
+    assert main([*common, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert [lane["name"] for lane in result["lanes"]] == ["target", "ngram"]
-    assert result["lanes"][0]["token_ids"] == result["lanes"][1]["token_ids"]
+    assert [lane["name"] for lane in result["lanes"]] == ["target", "ngram", "suffix"]
+    assert len({tuple(lane["token_ids"]) for lane in result["lanes"]}) == 1
     assert result["lanes"][0]["speedup"] == 1.0
+    assert result["agreement"].startswith("All 3 finished lanes wrote the same")
+    figures = [LaneFigures(lane["name"], lane["token_ids"], lane["passes"], 0.1, 0.0) for lane in result["lanes"]]
+    table = race_table(figures).splitlines()  # what the command prints without --json
+    assert [line.split()[0] for line in table] == ["lane", "target", "ngram", "suffix"]
 
 
 @pytest.mark.parametrize(
