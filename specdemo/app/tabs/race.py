@@ -30,7 +30,7 @@ from specdemo.app.serving.startup import DRAFTER_MISMATCH
 from specdemo.app.serving.zerogpu import MIN_SECONDS, gpu_function, run_seconds
 from specdemo.app.views.plots import race_figure, waiting
 from specdemo.app.views.render import THEME_CSS, race_html
-from specdemo.core.race import TARGET_LANE, LaneFigures, RaceCosts, agreement, lane_record, speedup
+from specdemo.core.race import TARGET_LANE, LaneFigures, agreement, lane_record, speedup
 from specdemo.drafters.registry import DRAFTER_KINDS, drafter_options
 from specdemo.engine.race import MAX_LANES, LaneRun, check_lanes, lane_choices, race, race_costs
 from specdemo.engine.resources import openmp_workers_released
@@ -177,16 +177,17 @@ def stream_race(run: Run, lanes: list[str]) -> Iterator[tuple]:
     options = {name: drafter_options(name, request.values) for name in lanes if name in DRAFTER_KINDS}
     history: dict[str, list[LaneFigures]] = {name: [] for name in lanes}
     runs = [LaneRun(name) for name in lanes]
-    yield race_view(run, runs, costs), in_progress("", "Racing"), gr.skip(), gr.skip()
+    figures = [lane.figures(costs) for lane in runs]
+    yield race_view(run, runs, figures), in_progress("", "Racing"), gr.skip(), gr.skip()
     started = shown = time.monotonic()
     out_of_time = False
     stream = race(run.target, run.draft, lanes, run.prompts[0], request.sampling, request.speculative, options, held)
     with closing(stream):
         for runs in stream:
-            for lane in runs:
-                figures = lane.figures(costs)
-                if not history[lane.name] or history[lane.name][-1].passes != figures.passes:
-                    history[lane.name].append(figures)
+            figures = [lane.figures(costs) for lane in runs]  # once a round: the chart's points and the lanes' view
+            for lane in figures:
+                if not history[lane.name] or history[lane.name][-1].passes != lane.passes:
+                    history[lane.name].append(lane)
             if run.stop.is_set():
                 return
             if out_of_time := time.monotonic() > run.deadline:
@@ -194,17 +195,15 @@ def stream_race(run: Run, lanes: list[str]) -> Iterator[tuple]:
             if time.monotonic() - shown >= CHART_INTERVAL_SECONDS:
                 shown = time.monotonic()
                 note = f"Racing: {max(len(lane.rounds) for lane in runs)} target passes so far"
-                yield race_view(run, runs, costs), in_progress("", note), race_figure(history), gr.skip()
-    figures = [lane.figures(costs) for lane in runs]
+                yield race_view(run, runs, figures), in_progress("", note), race_figure(history), gr.skip()
     agreed = agreement(figures, request.sampling.is_greedy or request.sampling.is_coupled)
     summary = race_summary(figures, agreed, time.monotonic() - started)
     if out_of_time:
         summary = f"**Stopped after {run.budget_seconds:g} s, the time budget of one run.**\n\n{summary}"
-    yield race_view(run, runs, costs), summary, race_figure(history), race_results(run, figures, agreed)
+    yield race_view(run, runs, figures), summary, race_figure(history), race_results(run, figures, agreed)
 
 
-def race_view(run: Run, runs: Sequence[LaneRun], costs: RaceCosts) -> str:
-    figures = [lane.figures(costs) for lane in runs]
+def race_view(run: Run, runs: Sequence[LaneRun], figures: Sequence[LaneFigures]) -> str:
     rounds, done = [lane.rounds for lane in runs], [lane.done for lane in runs]
     return race_html(figures, rounds, done, decode_fn(run.target), run.request.speculative.max_new_tokens)
 
