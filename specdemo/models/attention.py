@@ -16,6 +16,7 @@ transformers' sdpa attention, with its masks."""
 from __future__ import annotations
 
 import itertools
+import threading
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -23,8 +24,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "specdemo-tree"  # the attention implementation a TreeCachedModel's model runs with
-MIN_GEMM_ROWS = {torch.bfloat16: 2, torch.float16: 2}  # fewer rows take another kernel; float32 would need 4, and a
-# four-token float32 pass costs 1.45 one-token steps here (bench --pass-costs), so float32 is not padded
+MIN_GEMM_ROWS = {torch.bfloat16: 2, torch.float16: 2}  # a linear's fewer rows take another kernel; float32 would need
+# 4, and a four-token float32 pass costs 1.45 one-token steps here (bench --pass-costs), so float32 is not padded
+# (models/packed.py pads bfloat16 linears one by one, only where their shape needs it)
+ATTENTION_ROWS = 4  # the attention's float32 products of fewer rows sum in another order (1 and 2 did here)
+_last_mask = threading.local()  # per thread: the mask _blocked last prepared, and what it made
 QUERY_CHUNK = 512  # stacked query rows attended at once, so a long prompt's scores stay tens of megabytes
 
 
@@ -55,20 +59,16 @@ def tree_attention(
     batch, heads, num_queries, size = query.shape
     groups = heads // key.shape[1]
     stacked = query.reshape(batch, key.shape[1], groups * num_queries, size)  # [B, Hkv, G*n, d]: heads as rows
-    allowed = attention_mask.expand(batch, groups, num_queries, -1).reshape(batch, 1, groups * num_queries, -1)
-    rows = max(groups * num_queries, min_gemm_rows(query.dtype))
+    rows = max(groups * num_queries, ATTENTION_ROWS)
     if rows > groups * num_queries:  # repeat the last query so that no product has too few rows
-        extra = rows - groups * num_queries
-        stacked = torch.cat([stacked, stacked[:, :, -1:].expand(-1, -1, extra, -1)], dim=2)
-        allowed = torch.cat([allowed, allowed[:, :, -1:].expand(-1, -1, extra, -1)], dim=2)
+        stacked = torch.cat([stacked, stacked[:, :, -1:].expand(-1, -1, rows - groups * num_queries, -1)], dim=2)
+    blocked = _blocked(attention_mask, groups, rows)
     softcap = kwargs.get("softcap")
-    output = torch.cat(
-        [
-            _attend(stacked[:, :, chunk], key, value, allowed[:, :, chunk], scaling, softcap)
-            for chunk in _chunks(rows, min_gemm_rows(query.dtype))
-        ],
-        dim=2,
-    )[:, :, : groups * num_queries]
+    parts = [
+        _attend(stacked[:, :, chunk], key, value, blocked[:, :, chunk], scaling, softcap)
+        for chunk in _chunks(rows, ATTENTION_ROWS)
+    ]
+    output = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))[:, :, : groups * num_queries].to(query.dtype)
     return output.reshape(batch, heads, num_queries, size).transpose(1, 2).contiguous(), None
 
 
@@ -76,18 +76,31 @@ def _attend(
     query: torch.Tensor,  # [B, Hkv, r, d]
     key: torch.Tensor,  # [B, Hkv, S, d]
     value: torch.Tensor,  # [B, Hkv, S, d]
-    allowed: torch.Tensor,  # [B, 1, r, S]
+    blocked: torch.Tensor,  # [B, 1, r, S] True where a query may not attend
     scaling: float,
     softcap: object,
 ) -> torch.Tensor:  # [B, Hkv, r, d]
-    """The eager attention of transformers' models: scores in the model's format, softmax in float32 (float64 for a
-    float64 model)."""
-    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)  # [B, Hkv, r, S]
+    """The eager attention of transformers' models, its products in the cache's format: float32 (float64 for a float64
+    model), where a bfloat16 product of a few rows costs several float32 ones on the CPU (docs/serving.md)."""
+    scores = torch.matmul(query.to(key.dtype), key.transpose(2, 3)).mul_(scaling)  # [B, Hkv, r, S]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-    return torch.matmul(probs.to(query.dtype), value)
+    scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
+    return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+
+def _blocked(mask: torch.Tensor, groups: int, rows: int) -> torch.Tensor:  # [B, 1, n, S] -> [B, 1, rows, S]
+    """Where the stacked rows may not attend: the mask repeated per query head (the last row repeated up to `rows`),
+    inverted. Made once a pass: every layer gets the same mask, and the last one made is kept for the next."""
+    if getattr(_last_mask, "mask", None) is mask and _last_mask.shape == (groups, rows):
+        return _last_mask.blocked
+    batch, _, num_queries, _ = mask.shape
+    allowed = mask.expand(batch, groups, num_queries, -1).reshape(batch, 1, groups * num_queries, -1)
+    if rows > groups * num_queries:
+        allowed = torch.cat([allowed, allowed[:, :, -1:].expand(-1, -1, rows - groups * num_queries, -1)], dim=2)
+    blocked = ~allowed
+    _last_mask.mask, _last_mask.shape, _last_mask.blocked = mask, (groups, rows), blocked
+    return blocked
 
 
 def _chunks(rows: int, min_rows: int) -> list[slice]:

@@ -16,9 +16,10 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from specdemo.core.eager_round import decide_rows
 from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
-from specdemo.models.attention import min_gemm_rows, use_tree_attention
+from specdemo.models.attention import use_tree_attention
 from specdemo.models.graphs import DEVICE_WORK, wait
 from specdemo.models.layout import HOLE, PassPlan, RowRequest, TreeLayout
+from specdemo.models.packed import gemm_rows, pack, tree_passes
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 GROWTH = 1.5  # capacity grows by this factor (and never below what a pass needs), so rows rarely trigger a copy
@@ -43,7 +44,8 @@ def attention_kinds(name: str, config: PretrainedConfig) -> tuple[str, ...]:
 
 class RowCache:
     """Keys and values per layer, [rows, Hkv, L, d] each, written in place at the slots a pass names: what the model's
-    attention layers call a cache (they call `update` only). Slot L - 1 is scratch, where padding columns write."""
+    attention layers call a cache (they call `update` only). Slot L - 1 is scratch, where padding columns write. Held in
+    float32 for a bfloat16 or float16 model, the format tree attention multiplies in (models/attention.py)."""
 
     is_compileable = False
 
@@ -80,11 +82,12 @@ class RowCache:
         if layer_idx == len(self.keys):  # first pass: this layer's buffers, shaped by its keys
             batch, heads, _, size = key_states.shape
             shape = (max(self.rows, batch), heads, self.slots, size)
-            self.keys.append(key_states.new_zeros(shape))  # zeros: masked slots must never hold NaN (0 * NaN)
-            self.values.append(value_states.new_zeros(shape))
+            table_dtype = torch.promote_types(key_states.dtype, torch.float32)  # models/attention.py's products
+            self.keys.append(key_states.new_zeros(shape, dtype=table_dtype))  # zeros: masked slots never hold NaN
+            self.values.append(value_states.new_zeros(shape, dtype=table_dtype))
         for table, states in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
             flat = states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])  # [B*n, Hkv, d]
-            table[self.write_rows, :, self.write_slots] = flat
+            table[self.write_rows, :, self.write_slots] = flat.to(table.dtype)
         return self.keys[layer_idx][: self.rows, :, : self.width], self.values[layer_idx][: self.rows, :, : self.width]
 
     def move_slots(self, moves: list[tuple[int, int, int]]) -> None:
@@ -197,6 +200,7 @@ class TreeCachedModel(CachedModel):
 
     def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
         super().__init__(model, hidden_layers)
+        pack(model)  # its linears, for tree passes, once (models/packed.py)
         self.layout = TreeLayout()
         self.cache = RowCache()
 
@@ -224,7 +228,7 @@ class TreeCachedModel(CachedModel):
         if not self.layout.keys:
             self.cache = RowCache()  # nobody left: the next rows start small
         prefilled = self._prefill_joining(asked)
-        plan = self.layout.plan(asked, min_gemm_rows(self.model.dtype))
+        plan = self.layout.plan(asked, gemm_rows(self.model))
         self.cache.reserve(len(plan.keys), plan.width)
         self.cache.move_slots(plan.moves)
         logits, hidden = self._forward(plan)  # [B, num_logits, V], [B, num_logits, H] or None
@@ -282,16 +286,17 @@ class TreeCachedModel(CachedModel):
             }
             self.cache.begin(plan, self.device)
             started = time.perf_counter()
-            output = self.model(
-                input_ids=tokens.clamp(min=0),  # padding reads token 0 and is never attended to
-                position_ids=positions,
-                attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=plan.num_logits,
-                tree_pass=True,
-                output_hidden_states=self.keep_hidden_states,
-            )
+            with tree_passes(self.model):
+                output = self.model(
+                    input_ids=tokens.clamp(min=0),  # padding reads token 0 and is never attended to
+                    position_ids=positions,
+                    attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
+                    past_key_values=self.cache,
+                    use_cache=True,
+                    logits_to_keep=plan.num_logits,
+                    tree_pass=True,
+                    output_hidden_states=self.keep_hidden_states,
+                )
             wait(self.device)
             self.last_forward_seconds = time.perf_counter() - started
             self.forward_seconds += self.last_forward_seconds
