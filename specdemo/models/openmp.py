@@ -1,0 +1,13 @@
+"""How long OpenMP's idle workers spin before they sleep (GOMP_SPINCOUNT, read once, when torch loads libgomp:
+`import specdemo` sets it first, specdemo/__init__.py).
+
+libgomp's default spins up to 300,000 times. Beside another process that keeps the cores busy, each worker then waits
+on one the system has descheduled, and one-token decoding on 2 cores ran at 0.8 to 4 tokens a second against 17 idle.
+At 2,000 it ran at 10 to 11 busy and 14 to 15 idle (docs/serving.md, "A busy machine"). The app, the CLI and the tests
+take 2,000; a value the user set is theirs, and stays, and a process that loaded torch before specdemo keeps what
+torch read."""
+
+from __future__ import annotations
+
+VARIABLE = "GOMP_SPINCOUNT"
+SPIN_COUNT = "2000"
