@@ -52,9 +52,10 @@ def test_tree_passes_multiply_each_group_once_and_other_calls_run_the_stock_line
     ids = torch.tensor([[2, 3, 4, 5]])
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, reference(ids).logits)
-        assert torch.equal(model.generate(ids, max_new_tokens=3, do_sample=False), reference.generate(
-            ids, max_new_tokens=3, do_sample=False
-        ))
+        assert torch.equal(
+            model.generate(ids, max_new_tokens=3, do_sample=False),
+            reference.generate(ids, max_new_tokens=3, do_sample=False),
+        )
     assert products == []
 
 
