@@ -27,7 +27,7 @@ NAME = "specdemo-tree"  # the attention implementation a TreeCachedModel's model
 MIN_GEMM_ROWS = {torch.bfloat16: 2, torch.float16: 2}  # a linear's fewer rows take another kernel; float32 would need
 # 4, and a four-token float32 pass costs 1.45 one-token steps here (bench --pass-costs), so float32 is not padded
 # (models/packed.py pads bfloat16 linears one by one, only where their shape needs it)
-ATTENTION_ROWS = 4  # the attention's float32 products of fewer rows sum in another order (1 and 2 did here)
+ATTENTION_ROWS = 3  # the attention's float32 products of fewer rows sum in another order (1 and 2 did here)
 _last_mask = threading.local()  # per thread: the mask _blocked last prepared, and what it made
 QUERY_CHUNK = 512  # stacked query rows attended at once, so a long prompt's scores stay tens of megabytes
 

@@ -33,6 +33,8 @@ TINY_RUNS = [  # (benchmark, its options on the tiny model); PROMPTS and HEAD st
     ("coupled", "cost --prompts PROMPTS --seeds 2 --max-new-tokens 6 --num-draft-tokens 3"),
     ("race", "--prompts PROMPTS --max-new-tokens 6 --repeats 1 --num-draft-tokens 3"),
     ("token_time", "--prompts PROMPTS --max-new-tokens 4 --repeats 1"),
+    ("busy", "--max-new-tokens 2 --repeats 1 --states busy --settings specdemo"),
+    ("llama_cpp", "--prompts PROMPTS --max-new-tokens 2 --repeats 1 --gguf missing.gguf"),
 ]
 
 
