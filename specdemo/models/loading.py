@@ -368,11 +368,12 @@ def load_model(
     progress: Progress = lambda message: None,
     device: torch.device | None = None,
     allow_local: bool = True,
-    dtype: torch.dtype | None = None,  # weights and activations; default: resolve_dtype("auto", device)
+    dtype: torch.dtype | str | None = None,  # weights and activations, or a format's name (resolve_dtype); default:
+    # auto
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer in inference mode on `device` (default: pick_device())."""
     device = device or pick_device()
-    dtype = dtype or resolve_dtype("auto", device)
+    dtype = resolve_dtype(dtype or "auto", device) if isinstance(dtype, str) or dtype is None else dtype
     source = resolve_source(name, progress, allow_local)
     started = time.perf_counter()
     config = load_config(name, source)

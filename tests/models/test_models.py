@@ -182,3 +182,12 @@ def test_a_gated_repository_is_one_sentence_naming_hf_token(monkeypatch):
     monkeypatch.setattr(models.AutoConfig, "from_pretrained", missing)
     with pytest.raises(ValueError, match=r"^Could not load 'nobody/no-such-model': it does not exist"):
         load_config("nobody/no-such-model", "nobody/no-such-model")
+
+
+def test_load_model_takes_a_formats_name_and_refuses_an_unknown_one_in_a_sentence(tmp_path):
+    """The public load_model names its formats as the CLI does ("float32", "auto"), and an unknown name is the sentence
+    resolve_dtype gives, before anything loads. Planted: the name passed on to transformers as it is."""
+    directory = save_tiny_model(tmp_path / "model", word_tokenizer(["<unk>", "</s>", "a"]), seed=0)
+    assert load_model(str(directory), device=CPU, dtype="float32").model.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"^Unknown number format 'float8': use auto "):
+        load_model(str(directory), device=CPU, dtype="float8")
