@@ -115,9 +115,10 @@ def rows_needed(out_features: int, in_features: int) -> int | None:
     every window of each count through 128 random rows: a product of one row of a wide input (in_features above about
     a thousand) sums in another order, which shows in a few outputs of a few rows only."""
     try:
-        generator = torch.Generator().manual_seed(0)
-        weight = (torch.randn(out_features, in_features, generator=generator) * 0.05).to(torch.bfloat16)
-        x = torch.randn(CHECK_ROWS, in_features, generator=generator).to(torch.bfloat16)
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        weight = torch.randn(out_features, in_features, generator=generator, device=generator.device) * 0.05
+        x = torch.randn(CHECK_ROWS, in_features, generator=generator, device=generator.device).to(torch.bfloat16)
+        weight = weight.to(torch.bfloat16)
         packed = _pack(weight)
         together = _packed_product(x, packed)
     except (RuntimeError, NotImplementedError):
