@@ -2,13 +2,16 @@
 
 A row's keys sit at the same slots in any batch (models/layout.py), so what remains is arithmetic that takes another
 path with the shape of the pass. On the CPUs here (bfloat16; docs/serving.md has the measurements):
-- a matrix product of one row takes another kernel than of two or more (float32: below four rows);
+- a matrix product of a few rows can take another kernel than of many (a bfloat16 linear of a wide input at one row,
+  a float32 product below three or four rows);
 - the flash kernel behind scaled_dot_product_attention splits its work by the numbers of queries and keys, and
   transformers sends a single query down another path again;
 - a softmax over fewer than 16 keys takes a scalar path, over more a vector one.
-So a tree pass attends as transformers' eager attention does, with the query heads of one key head stacked into the
-rows of one product, never fewer than MIN_GEMM_ROWS rows in any product, over a width that is a multiple of
-WIDTH_STEP (the masked slots past a row's keys add exact zeros). Any other call (generate, a plain forward) goes to
+So a tree pass attends as transformers' eager attention does, in float32 (the cache holds a bfloat16 model's keys and
+values in float32: its products cost a fraction of bfloat16's here), with the query heads of one key head stacked into
+the rows of one product, never fewer than ATTENTION_ROWS rows, over a width that is a multiple of WIDTH_STEP (the
+masked slots past a row's keys add exact zeros). The linears keep their rows' bits in models/packed.py, or with every
+pass at least MIN_GEMM_ROWS rows where a model is not packed. Any other call (generate, a plain forward) goes to
 transformers' sdpa attention, with its masks."""
 
 # B = rows, H = query heads, Hkv = key-value heads, G = H / Hkv, n = queries, S = key slots, d = head size
