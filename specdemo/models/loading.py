@@ -373,7 +373,8 @@ def load_model(
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer in inference mode on `device` (default: pick_device())."""
     device = device or pick_device()
-    dtype = resolve_dtype(dtype or "auto", device) if isinstance(dtype, str) or dtype is None else dtype
+    if not isinstance(dtype, torch.dtype):
+        dtype = resolve_dtype(dtype or "auto", device)
     source = resolve_source(name, progress, allow_local)
     started = time.perf_counter()
     config = load_config(name, source)
