@@ -12,7 +12,7 @@ from specdemo.app.serving.runs import QUEUE_SIZE, RUN_CONCURRENCY, Server
 from specdemo.app.serving.share import RACE_TAB, RERUNNING, form_from_query, race_from_query, run_note
 from specdemo.app.tabs import audit, batch, one_prompt, race
 from specdemo.app.views.render import LEGEND_HTML, THEME_CSS
-from specdemo.engine.resources import bound_allocator_arenas
+from specdemo.engine.resources import bound_allocator_arenas, freeze_startup_objects
 from specdemo.models.shared import ModelCache
 from specdemo.pairs import DEFAULT_PAIR
 
@@ -114,6 +114,7 @@ def build_demo(
     demo.queue(max_size=queue_size, default_concurrency_limit=1)  # explicit: ZeroGPU would default to 1
     calm_queue_polling(demo)
     demo.specdemo_server = server  # what the tests reach: the server's limits
+    freeze_startup_objects()  # the page and the models loaded live as long as the process
     return demo
 
 

@@ -55,7 +55,7 @@ class RowStream:
         self.stop = stop or threading.Event()
         self.arrived: queue.Queue = queue.Queue()  # (row index, Round | Exception | _END)
         self.out_of_time = False  # True when the deadline, not the engine, ended the rounds
-        self.delivered = False  # the first rounds go out at once: time to first token is not stretched
+        self.delivered = False  # True once a batch went out; the first goes with the first round that arrives
 
     def batches(self, interval: float) -> Iterator[list[tuple[int, Round]]]:
         """The rounds that arrived, at most every `interval` seconds per row decoding in the batch (so eight pages
@@ -111,8 +111,9 @@ class RowStream:
                 raise item
             else:
                 batch.append((index, item))  # type: ignore[arg-type]
-                stretch = max(1, self.scheduler.num_rows) if self.delivered else 1
-                until = until or time.monotonic() + interval * stretch
+                if not self.delivered:
+                    return batch  # the first round goes out at once: time to first token is not stretched
+                until = until or time.monotonic() + interval * max(1, self.scheduler.num_rows)
         return batch
 
 
@@ -223,8 +224,10 @@ class Scheduler:
 def measure_for_sharing(target: LoadedModel, progress: Progress) -> None:
     """At load, not in a run's time: the round costs by which a shared batch cuts its drafts, with one row and with
     MAX_BATCH_ROWS rows (seconds, once per model), holding graphs.DEVICE_WORK as rounds do."""
-    if shared_costs(target.model) is None:
-        progress(f"Measuring {target.name}'s round costs on this device, for shared batches (once, seconds)...")
+    known = shared_costs(target.model)
+    if known is not None and known.full_rows == MAX_BATCH_ROWS:
+        return  # measured: a run does not wait for the round in flight, which holds DEVICE_WORK
+    progress(f"Measuring {target.name}'s round costs on this device, for shared batches (once, seconds)...")
     with DEVICE_WORK:
         batch_costs(target.model, MAX_BATCH_ROWS)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,9 +14,9 @@ import specdemo.core.eager_round
 import specdemo.engine.scheduler
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids
-from specdemo.drafters import ModelDrafter, NgramDrafter
+from specdemo.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
-from specdemo.engine.scheduler import DecodeRequest, Scheduler
+from specdemo.engine.scheduler import DecodeRequest, Scheduler, measure_for_sharing
 from tests.engine.test_batch import EOS, PROMPTS, SETTINGS
 from tests.helpers import (
     HANG_GUARD_SECONDS,
@@ -242,6 +243,47 @@ def test_a_slow_consumer_still_receives_every_round(tiny_target):
         received.extend(batch)
         wait_until(lambda: not scheduler.streams, "the row decoded to its end")
     assert emitted_ids(received) == expected(tiny_target, lambda: NgramDrafter(3, 1), row)
+
+
+def test_a_streams_first_round_goes_out_at_once_and_later_ones_wait_for_the_interval(tiny_target):
+    """Time to first token is not stretched: the first batch holds the first round, however long the interval; the
+    rounds after it wait for the interval (here longer than the run, so they come as one batch). Planted: the first
+    batch collecting rounds for its interval like the others."""
+    row = DecodeRequest(PROMPTS[0], SamplingConfig(), SpeculativeConfig(num_draft_tokens=2, max_new_tokens=12))
+    scheduler = Scheduler(tiny_target, NoDrafter(), EOS, threading.Lock())
+    batches = list(scheduler.submit([row], FAR).rounds(HANG_GUARD_SECONDS))
+    assert [len(batch) for batch in batches] == [1, 11]
+
+
+def test_a_run_on_a_measured_model_does_not_wait_for_the_round_in_flight(tiny_target, monkeypatch):
+    """measure_for_sharing takes DEVICE_WORK, which every round holds, only to measure: once a model's costs are
+    known, a run that joins is not held until the round in flight ends (and then often misses the next one). Planted:
+    the lock taken every time."""
+    measured: dict[int, SimpleNamespace] = {}
+
+    def measure(model, rows: int) -> SimpleNamespace:
+        return measured.setdefault(id(model), SimpleNamespace(full_rows=rows))
+
+    held = Held()
+    monkeypatch.setattr(specdemo.engine.scheduler, "DEVICE_WORK", held)
+    monkeypatch.setattr(specdemo.engine.scheduler, "batch_costs", measure)
+    monkeypatch.setattr(specdemo.engine.scheduler, "shared_costs", lambda model: measured.get(id(model)))
+    loaded = SimpleNamespace(model=tiny_target, name="tiny")
+    for _ in range(3):
+        measure_for_sharing(loaded, print)
+    assert held.entered == 1
+
+
+class Held:
+    """DEVICE_WORK as a round in flight holds it: each entry counted."""
+
+    entered = 0
+
+    def __enter__(self) -> None:
+        self.entered += 1
+
+    def __exit__(self, *exception: object) -> None:
+        return None
 
 
 def test_schedulers_of_different_models_never_run_a_pass_at_once(tiny_target, tiny_draft):
