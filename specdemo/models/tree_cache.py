@@ -55,6 +55,7 @@ class RowCache:
         self.rows = 0  # B: the rows in use, the first ones
         self.slots = 0  # L, the scratch slot included
         self.write_rows = self.write_slots = torch.empty(0, dtype=torch.long, device="cpu")  # [B*n] where it writes
+        self.write_range: slice | None = None  # the slots every row writes, where they are one run for all rows
         self.width = 0  # S: slots attended this pass
 
     def reserve(self, rows: int, slots: int) -> None:
@@ -69,12 +70,19 @@ class RowCache:
         self.slots = new_slots
 
     def begin(self, plan: PassPlan, device: torch.device) -> None:
-        """The pass's writes: column c of row b goes to plan.write_slots[b][c] (the scratch slot for padding)."""
+        """The pass's writes: column c of row b goes to plan.write_slots[b][c] (the scratch slot for padding); where
+        every row writes the same run of slots (a pass of one row, say), each layer's write is one copy."""
+        self.width = plan.width
+        first = plan.write_slots[0][0]
+        run = list(range(first, first + len(plan.write_slots[0])))
+        if first >= 0 and all(slots == run for slots in plan.write_slots):
+            self.write_range = slice(first, first + len(run))
+            return
+        self.write_range = None
         slots = torch.tensor(plan.write_slots, dtype=torch.long, device=device)  # [B, n]
         slots = torch.where(slots < 0, self.slots - 1, slots)
         self.write_rows = torch.arange(slots.shape[0], device=device).repeat_interleave(slots.shape[1])  # [B*n]
         self.write_slots = slots.flatten()  # [B*n]
-        self.width = plan.width
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: object = None
@@ -86,6 +94,9 @@ class RowCache:
             self.keys.append(key_states.new_zeros(shape, dtype=table_dtype))  # zeros: masked slots never hold NaN
             self.values.append(value_states.new_zeros(shape, dtype=table_dtype))
         for table, states in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
+            if self.write_range is not None:  # one run of slots for every row (one row, say): a plain copy
+                table[: states.shape[0], :, self.write_range].copy_(states)
+                continue
             flat = states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])  # [B*n, Hkv, d]
             table[self.write_rows, :, self.write_slots] = flat.to(table.dtype)
         return self.keys[layer_idx][: self.rows, :, : self.width], self.values[layer_idx][: self.rows, :, : self.width]
