@@ -11,6 +11,7 @@ from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.core.sampling import sample_from_probs, sample_one
 from specdemo.core.verify import (
     choose_draft_tokens,
+    first_nonfinite,
     rejection_sample,
     verify_candidates,
     verify_chains,
@@ -247,3 +248,15 @@ def test_vmap_equals_the_per_sequence_loop():
     for b in range(rows):
         for w in range(num_candidates):
             assert int(draft_tokens[b, w]) == int(sample_one(draft_probs[b, w, 0], uniforms[b, w]))
+
+
+@pytest.mark.parametrize("overflow", [float("inf"), -float("inf"), float("nan")])
+def test_the_first_nonfinite_position_is_found_for_inf_minus_inf_and_nan_where_read(overflow: float) -> None:
+    """Each candidate's first verified position whose scores hold `overflow`, N where none is read. Planted: only the
+    largest score looked at (-inf missed)."""
+    scores = torch.randn(3, 5, 49_152, generator=torch.Generator().manual_seed(0))  # [W, N, V]
+    scores[0, 3, 17] = scores[0, 4, 0] = overflow  # found at 3
+    scores[1, 1, -1] = overflow  # not read there: none found
+    read = torch.ones(3, 5, dtype=torch.bool)
+    read[1, 1] = False
+    assert first_nonfinite(scores, read).tolist() == [3, 5, 5]

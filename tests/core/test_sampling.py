@@ -11,7 +11,7 @@ import torch
 
 from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig
-from specdemo.core.sampling import build_warpers, draw_uniforms, logits_to_probs, sample_from_probs
+from specdemo.core.sampling import build_warpers, draw_uniforms, greedy_token_ids, logits_to_probs, sample_from_probs
 
 MAX_TV = 0.01
 MIN_P_VALUE = 1e-4
@@ -82,6 +82,18 @@ def test_greedy_is_one_hot_at_the_first_maximum_of_every_position():
             first_maximum = row.index(max(row))
             assert probs[b, i].tolist() == torch.nn.functional.one_hot(torch.tensor(first_maximum), 11).tolist()
     assert [int(probs[0, 1].argmax()), int(probs[1, 4].argmax()), int(probs[1, 0].argmax())] == [3, 2, 0]
+
+
+def test_greedy_takes_the_first_maximum_over_a_whole_vocabulary():
+    """The same at the offline model's width, where the kernels reduce in vector lanes: ties in every row, across
+    lanes and within one. Planted: the last maximum taken."""
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randint(0, 3, (3, 17, 49_152), generator=generator).float()  # [B, N, V]: 2 ties thousands of times
+    logits[0, 0, -1] = 5.0  # a lone maximum at the end
+    positions = torch.arange(logits.shape[-1]).expand_as(logits)
+    first = positions.masked_fill(logits != logits.amax(dim=-1, keepdim=True), logits.shape[-1]).amin(dim=-1)
+    chosen = greedy_token_ids(logits, context_for(logits), SamplingConfig(temperature=0.0))
+    assert torch.equal(chosen, first)
 
 
 def test_greedy_builds_no_warpers():
