@@ -5,7 +5,8 @@ OpenMP setting in turn, alternated. The busy process multiplies matrices on ever
     python -m benchmarks.busy --repeats 3 --max-new-tokens 32 --dtype bfloat16
 
 Settings: `specdemo` (what `import specdemo` sets: GOMP_SPINCOUNT=2000, models/openmp.py), and `libgomp default`
-(GOMP_SPINCOUNT=300000, what a process gets without it). Reports tokens per second, medians, and busy ÷ idle."""
+(GOMP_SPINCOUNT=300000, what a process gets without it); `--spin-counts 20000 ...` adds others. Reports tokens per
+second, medians, and busy ÷ idle."""
 
 from __future__ import annotations
 
@@ -43,7 +44,10 @@ def main(argv: list[str] | None = None) -> dict:
     flags.add_argument("--repeats", type=int, default=3)
     flags.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     flags.add_argument("--states", nargs="+", default=["idle", "busy"], choices=["idle", "busy"])
+    flags.add_argument("--spin-counts", nargs="*", type=int, default=[], help="more settings: GOMP_SPINCOUNT=N each")
     args = flags.parse_args(argv)
+    settings = SETTINGS | {f"GOMP_SPINCOUNT={n}": {"GOMP_SPINCOUNT": str(n)} for n in args.spin_counts}
+    args.settings += [name for name in settings if name not in SETTINGS]
     speeds = {state: {name: [] for name in args.settings} for state in args.states}
     for state in speeds:
         busy = subprocess.Popen([sys.executable, "-c", BUSY]) if state == "busy" else None
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
             for repeat in range(args.repeats):
                 order = args.settings if repeat % 2 == 0 else list(reversed(args.settings))
                 for name in order:
-                    speeds[state][name].append(tokens_per_second(args, SETTINGS[name]))
+                    speeds[state][name].append(tokens_per_second(args, settings[name]))
         finally:
             if busy:
                 busy.kill()
