@@ -55,7 +55,7 @@ class RowStream:
         self.stop = stop or threading.Event()
         self.arrived: queue.Queue = queue.Queue()  # (row index, Round | Exception | _END)
         self.out_of_time = False  # True when the deadline, not the engine, ended the rounds
-        self.delivered = False  # True once a batch went out; the first goes with the first round that arrives
+        self.delivered = False  # True once a batch went out; the first goes with every row's first round
 
     def batches(self, interval: float) -> Iterator[list[tuple[int, Round]]]:
         """The rounds that arrived, at most every `interval` seconds per row decoding in the batch (so eight pages
@@ -94,7 +94,9 @@ class RowStream:
                     raise
 
     def _next_batch(self, interval: float, ended: set[int]) -> list[tuple[int, Round]]:
-        """The rounds that arrive within `interval` of the first one (which may wait for a place in the batch)."""
+        """The rounds that arrive within `interval` of the first one (which may wait for a place in the batch). The
+        first batch goes out once every row has sent its first round or ended, at most `interval` after the first:
+        time to first token is not stretched."""
         batch: list[tuple[int, Round]] = []
         until = None
         while len(ended) < len(self.keys):
@@ -111,9 +113,10 @@ class RowStream:
                 raise item
             else:
                 batch.append((index, item))  # type: ignore[arg-type]
-                if not self.delivered:
-                    return batch  # the first round goes out at once: time to first token is not stretched
-                until = until or time.monotonic() + interval * max(1, self.scheduler.num_rows)
+                if not self.delivered and len(ended | {i for i, _ in batch}) == len(self.keys):
+                    return batch  # every row's first round is here
+                stretch = max(1, self.scheduler.num_rows) if self.delivered else 1
+                until = until or time.monotonic() + interval * stretch
         return batch
 
 

@@ -245,14 +245,17 @@ def test_a_slow_consumer_still_receives_every_round(tiny_target):
     assert emitted_ids(received) == expected(tiny_target, lambda: NgramDrafter(3, 1), row)
 
 
-def test_a_streams_first_round_goes_out_at_once_and_later_ones_wait_for_the_interval(tiny_target):
-    """Time to first token is not stretched: the first batch holds the first round, however long the interval; the
-    rounds after it wait for the interval (here longer than the run, so they come as one batch). Planted: the first
-    batch collecting rounds for its interval like the others."""
+@pytest.mark.parametrize("num_rows", [1, 3])
+def test_a_streams_first_rounds_go_out_at_once_and_later_ones_wait_for_the_interval(tiny_target, num_rows):
+    """Time to first token is not stretched: the first batch holds each row's first round, however long the interval;
+    the rounds after it wait for the interval (here longer than the run, so they come as one batch). Planted: the
+    first batch collecting rounds for its interval like the others (one batch), or going out with the first round
+    alone (three rows: one round)."""
     row = DecodeRequest(PROMPTS[0], SamplingConfig(), SpeculativeConfig(num_draft_tokens=2, max_new_tokens=12))
     scheduler = Scheduler(tiny_target, NoDrafter(), EOS, threading.Lock())
-    batches = list(scheduler.submit([row], FAR).rounds(HANG_GUARD_SECONDS))
-    assert [len(batch) for batch in batches] == [1, 11]
+    batches = list(scheduler.submit([row] * num_rows, FAR).batches(HANG_GUARD_SECONDS))
+    assert sorted(index for index, _ in batches[0]) == list(range(num_rows))
+    assert [len(batch) for batch in batches] == [num_rows, 11 * num_rows]
 
 
 def test_a_run_on_a_measured_model_does_not_wait_for_the_round_in_flight(tiny_target, monkeypatch):
