@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.common import load, parser
+from benchmarks.common import hf_greedy, load, parser
 from specdemo.bench.prompts import load_prompts
 from specdemo.config import SamplingConfig
 from specdemo.core.stats import emitted_ids
@@ -84,17 +84,8 @@ def methods(model: torch.nn.Module, max_new_tokens: int) -> dict[str, Callable[[
     def ours(prompt_ids: torch.Tensor) -> list[int]:
         return emitted_ids(autoregressive_generate(model, prompt_ids, SamplingConfig(), max_new_tokens, frozenset()))
 
-    def hf(prompt_ids: torch.Tensor) -> list[int]:
-        with torch.inference_mode():
-            output = model.generate(
-                prompt_ids,
-                attention_mask=torch.ones_like(prompt_ids),
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
-                pad_token_id=0,
-            )
-        return output[0, prompt_ids.shape[1] :].tolist()
+    def hf(prompt_ids: torch.Tensor) -> list[int]:  # exactly max_new_tokens, as ours (no EOS given)
+        return hf_greedy(model, prompt_ids, max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=0)
 
     return {OURS: ours, HF: hf}
 

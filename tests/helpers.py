@@ -60,28 +60,6 @@ def tiny_model(seed: int, vocab_size: int = TINY_VOCAB, num_layers: int = 2) -> 
     return model.eval()
 
 
-def hf_greedy(
-    model: PreTrainedModel,
-    prompt_ids: torch.Tensor,  # [1, T]
-    max_new_tokens: int,
-    eos: frozenset[int] | None = None,  # the EOS our loop was given; None: the model's generation config decides
-    **settings: float,
-) -> list[int]:
-    """The peer: model.generate(do_sample=False), stopping at the same EOS as our loops (no min_new_tokens, so it
-    suppresses nothing our loops would emit)."""
-    stopping = {} if eos is None else {"eos_token_id": sorted(eos), "pad_token_id": min(eos)}
-    with torch.inference_mode():
-        output = model.generate(
-            prompt_ids,
-            attention_mask=torch.ones_like(prompt_ids),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            **stopping,
-            **settings,
-        )  # [1, T + new]
-    return output[0, prompt_ids.shape[1] :].tolist()
-
-
 NEAR_TIE = 1e-3  # top-2 logit gap under which float32 reordering may flip a greedy argmax
 
 

@@ -33,6 +33,7 @@ import torch
 import transformers
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from benchmarks.common import hf_greedy
 from benchmarks.cuda_graphs import SMOLLM2_135M  # random weights of its shape: near-ties and cost as the real one
 from specdemo.audit import model_audit, toy_audit
 from specdemo.bench.prompts import PROMPTS, BenchPrompt
@@ -62,7 +63,7 @@ from specdemo.models.loading import (
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.pools import pools_for, release_pools
 from specdemo.models.tree_cache import TreeCachedModel
-from tests.helpers import FREE, hf_greedy, tiny_model, train_tiny_head
+from tests.helpers import FREE, tiny_model, train_tiny_head
 from tests.models.test_chain_verdict import assert_same
 from tests.models.test_chain_verdict import verdicts as chain_verdicts
 from tests.models.test_fixed_shape import stepped_logits, verified_logits

@@ -9,6 +9,7 @@ from functools import partial
 import pytest
 import torch
 
+from benchmarks.common import hf_greedy
 from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.planning import PassCosts, monotone, plan_draft
@@ -17,7 +18,7 @@ from specdemo.drafters.suffix import MAX_MATCH, PRIOR_RATIOS, SuffixDrafter, Suf
 from specdemo.engine.costs import pass_costs
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from tests.engine.test_decoding import EOS, NO_EOS, PARITY_PROMPTS, PROMPT, exact_marginals
-from tests.helpers import FREE, SMOLLM2_CPU, TINY_VOCAB, hf_greedy, seeded_runs
+from tests.helpers import FREE, SMOLLM2_CPU, TINY_VOCAB, seeded_runs
 
 COSTS = SMOLLM2_CPU
 # Nearly free verification (as on a GPU), so the planner drafts whatever has a chance: tests that need drafts to

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.common import hf_greedy
 from specdemo.audit import chi_square_pvalue, tv_distance
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.sampling import build_warpers, logits_to_probs
 from specdemo.core.stats import emitted_ids, run_stats
 from specdemo.drafters import DraftRequest, ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
-from tests.helpers import TINY_VOCAB, hf_greedy, seeded_runs
+from tests.helpers import TINY_VOCAB, seeded_runs
 
 NO_EOS: frozenset[int] = frozenset()
 EOS = frozenset([1])  # the tiny models' eos_token_id, which generate() stops at too

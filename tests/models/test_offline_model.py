@@ -6,13 +6,13 @@ import copy
 
 import pytest
 
+from benchmarks.common import hf_greedy
 from specdemo.bench.prompts import PROMPTS
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.stats import emitted_ids, run_stats
 from specdemo.drafters import ModelDrafter, NgramDrafter
 from specdemo.engine.decoding import autoregressive_generate, speculative_generate
 from specdemo.models.loading import chat_prompt_ids
-from tests.helpers import hf_greedy
 
 MAX_NEW_TOKENS = 48
 GREEDY = SamplingConfig()

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
+from benchmarks.common import hf_greedy
 from specdemo.cli.main import main
 from specdemo.config import SamplingConfig, SpeculativeConfig
 from specdemo.core.rounds import Round
@@ -24,7 +25,7 @@ from specdemo.models.loading import LoadedModel, chat_prompt_ids, load_model
 from specdemo.models.offline import OFFLINE_MODELS, package_dir
 from specdemo.models.tree_cache import RowRequest, TreeCachedModel, attention_kinds
 from specdemo.pairs import find_pair
-from tests.helpers import hf_greedy, tiny_model
+from tests.helpers import tiny_model
 
 GREEDY = SamplingConfig()
 NO_EOS: frozenset[int] = frozenset()
