@@ -16,6 +16,7 @@ drafts, the same texts as alone, bounded memory); the speed bounds are here.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -112,6 +113,27 @@ def all_at_once(url: str, plan: list, clients: int, new_tokens: int, options: di
     return [result for results in per_client for result in results], time.perf_counter() - started
 
 
+class FullCollections:
+    """The longest of Python's full (generation 2) garbage collections while it is entered: each holds every thread of
+    this process, the app's included when it runs here (build_demo freezes what it made to start, so they are short)."""
+
+    def __enter__(self) -> FullCollections:
+        self.longest, self._started = 0.0, 0.0
+        gc.callbacks.append(self._seen)
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        gc.callbacks.remove(self._seen)
+
+    def _seen(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.longest = max(self.longest, time.perf_counter() - self._started)
+
+
 def load_figures(alone: list[dict], sequential_wall: float, together: list[dict], wall: float, clients: int) -> dict:
     first, total = [r["first_token"] for r in together], [r["total"] for r in together]
     figures = {
@@ -167,7 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
         plan = load_plan(args.clients, args.runs)
         client_runs(url, [(PROMPTS[0], VARIANTS[0], 0)], args.new_tokens, options)  # loads the model: not counted
         alone, sequential_wall = one_at_a_time(url, plan, args.new_tokens, options)
-        together, wall = all_at_once(url, plan, args.clients, args.new_tokens, options)
+        with FullCollections() as collections:
+            together, wall = all_at_once(url, plan, args.clients, args.new_tokens, options)
     finally:
         if demo is not None:
             demo.close()
@@ -177,6 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
             os.environ[LOCAL_PATHS_VARIABLE] = before
     figures = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens}
     figures |= load_figures(alone, sequential_wall, together, wall, args.clients)
+    figures["longest_full_collection_seconds"] = collections.longest if args.url is None else None  # the app's, here
     failed = failed_bounds(figures)
     figures["passes"] = not failed
     print(json.dumps(figures))

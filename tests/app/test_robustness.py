@@ -28,6 +28,7 @@ from benchmarks.load import (
     NEW_TOKENS,
     PROMPTS,
     VARIANTS,
+    FullCollections,
     all_at_once,
     client_runs,
     load_figures,
@@ -163,6 +164,20 @@ def test_what_the_server_made_to_start_is_frozen_out_of_the_collectors_walks(app
     Planted: build_demo without freeze_startup_objects."""
     walked = {id(tracked) for tracked in gc.get_objects()}
     assert id(app_server) not in walked and id(offline_model.model) not in walked
+
+
+def test_the_load_benchmark_times_full_collections_only_while_entered() -> None:
+    """What benchmarks.load reports as the longest full collection under load. Planted: the collection's start taken
+    at its end (0 s), and the callback left registered after the block."""
+    started = time.perf_counter()
+    with FullCollections() as collections:
+        garbage = [[] for _ in range(100_000)]
+        for inner in garbage:
+            inner.append(inner)  # cycles: the collection has work to do
+        del garbage
+        gc.collect()
+    assert 0 < collections.longest < time.perf_counter() - started
+    assert collections._seen not in gc.callbacks
 
 
 def test_the_load_benchmark_runs_against_the_app(app, capsys):
