@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
     flags.add_argument("--states", nargs="+", default=["idle", "busy"], choices=["idle", "busy"])
     flags.add_argument("--spin-counts", nargs="*", type=int, default=[], help="more settings: GOMP_SPINCOUNT=N each")
     args = flags.parse_args(argv)
+    if any(count < 0 for count in args.spin_counts):
+        flags.error(f"--spin-counts takes counts of 0 or more (libgomp's default is 300000), got {args.spin_counts}")
     settings = SETTINGS | {f"GOMP_SPINCOUNT={n}": {"GOMP_SPINCOUNT": str(n)} for n in args.spin_counts}
     args.settings += [name for name in settings if name not in SETTINGS]
     speeds = {state: {name: [] for name in args.settings} for state in args.states}
