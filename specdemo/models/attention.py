@@ -3,22 +3,24 @@
 A row's keys sit at the same slots in any batch (models/layout.py), so what remains is arithmetic that takes another
 path with the shape of the pass. On the CPUs here (bfloat16; docs/serving.md has the measurements):
 - a matrix product of a few rows can take another kernel than of many (a bfloat16 linear of a wide input at one row,
-  a float32 product below three or four rows);
+  a float32 product below three or four rows, and on some CPUs a remainder past a multiple of four);
 - the flash kernel behind scaled_dot_product_attention splits its work by the numbers of queries and keys, and
   transformers sends a single query down another path again;
 - a softmax over fewer than 16 keys takes a scalar path, over more a vector one.
 So a tree pass attends as transformers' eager attention does, in float32 (the cache holds a bfloat16 model's keys and
 values in float32: its products cost a fraction of bfloat16's here), with the query heads of one key head stacked into
-the rows of one product, never fewer than ATTENTION_ROWS rows, over a width that is a multiple of WIDTH_STEP (the
-masked slots past a row's keys add exact zeros). The linears keep their rows' bits in models/packed.py, or with every
-pass at least MIN_GEMM_ROWS rows where a model is not packed. Any other call (generate, a plain forward) goes to
-transformers' sdpa attention, with its masks."""
+the rows of one product, padded to a count whose products keep a row's bits on this machine (`attention_rows`), over a
+width that is a multiple of WIDTH_STEP (the masked slots past a row's keys add exact zeros). The linears keep their
+rows' bits in models/packed.py, or with every pass at least MIN_GEMM_ROWS rows where a bfloat16 model is not packed.
+Any other call (generate, a plain forward) goes to transformers' sdpa attention, with its masks."""
 
 # B = rows, H = query heads, Hkv = key-value heads, G = H / Hkv, n = queries, S = key slots, d = head size
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 import threading
 
 import torch
@@ -26,11 +28,13 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+log = logging.getLogger(__name__)
 NAME = "specdemo-tree"  # the attention implementation a TreeCachedModel's model runs with
-MIN_GEMM_ROWS = {torch.bfloat16: 2, torch.float16: 2}  # a linear's fewer rows take another kernel; float32 would need
-# 4, and a four-token float32 pass costs 1.45 one-token steps here (bench --pass-costs), so float32 is not padded
-# (models/packed.py pads bfloat16 linears one by one, only where their shape needs it)
-ATTENTION_ROWS = 3  # the attention's float32 products of fewer rows sum in another order (1 and 2 did here)
+MIN_GEMM_ROWS = {torch.bfloat16: 2, torch.float16: 2}  # a linear's fewer rows take another kernel; stock float32
+# linears would need 4, and a four-token float32 pass costs 1.45 one-token steps on a Xeon (bench --pass-costs), so
+# they are not padded (models/packed.py pads packed linears one by one, only where their shape needs it)
+MAX_ATTENTION_ROWS = 8  # the most rows attention_rows answers
+CHECK_WIDTHS = (64, 320)  # key slots the attention's products are checked over
 _last_mask = threading.local()  # per thread: the mask _blocked last prepared, and what it made
 QUERY_CHUNK = 512  # stacked query rows attended at once, so a long prompt's scores stay tens of megabytes
 
@@ -62,14 +66,15 @@ def tree_attention(
     batch, heads, num_queries, size = query.shape
     groups = heads // key.shape[1]
     stacked = query.reshape(batch, key.shape[1], groups * num_queries, size)  # [B, Hkv, G*n, d]: heads as rows
-    rows = max(groups * num_queries, ATTENTION_ROWS)
-    if rows > groups * num_queries:  # repeat the last query so that no product has too few rows
+    fewest, step = attention_rows(key.device.type, key.shape[1], size, key.dtype)
+    rows = max(-(-groups * num_queries // step) * step, fewest)
+    if rows > groups * num_queries:  # repeat the last query up to a count whose products keep a row's bits
         stacked = torch.cat([stacked, stacked[:, :, -1:].expand(-1, -1, rows - groups * num_queries, -1)], dim=2)
     blocked = _blocked(attention_mask, groups, rows)
     softcap = kwargs.get("softcap")
     parts = [
         _attend(stacked[:, :, chunk], key, value, blocked[:, :, chunk], scaling, softcap)
-        for chunk in _chunks(rows, ATTENTION_ROWS)
+        for chunk in _chunks(rows, fewest)
     ]
     output = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))[:, :, : groups * num_queries].to(query.dtype)
     return output.reshape(batch, heads, num_queries, size).transpose(1, 2).contiguous(), None
@@ -90,6 +95,45 @@ def _attend(
         scores = torch.tanh(scores / softcap) * softcap
     scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
     return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+
+@functools.cache
+def attention_rows(device_type: str, kv_heads: int, size: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(fewest, step): attention's products ([B, Hkv, r, d] queries against keys, weights against values, in `dtype`)
+    give every row the bits it gets among 128, in a batch of one row or two, wherever r is at least `fewest` (at most
+    MAX_ATTENTION_ROWS) and a multiple of `step` (1, 2, 4 or 8, the smallest that allows one). Checked once per shape
+    on this machine, on windows of each count through 128 rows, over CHECK_WIDTHS key slots: float32 products of three
+    key heads need three rows on an Intel Xeon and four on an AMD EPYC, of one key head there a multiple of four, and
+    float64 products a multiple of four; fewer rows, or a remainder past the last four, sum in another order."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+
+    def random(*shape: int) -> torch.Tensor:
+        return torch.randn(2, kv_heads, *shape, generator=generator, device="cpu").to(device_type, dtype)
+
+    def keeps(rows: int, left: torch.Tensor, right: torch.Tensor, together: torch.Tensor) -> bool:
+        return all(
+            torch.equal(
+                torch.matmul(left[:batch, :, start : start + rows], right[:batch]),
+                together[:batch, :, start : start + rows],
+            )
+            for start in range(0, left.shape[2] - rows + 1, rows)
+            for batch in (1, 2)
+        )
+
+    counts = (*range(1, 3 * MAX_ATTENTION_ROWS + 1), 51, 52)
+    kept = dict.fromkeys(counts, True)
+    for width in CHECK_WIDTHS:
+        queries, weights, values = random(128, size), random(128, width), random(width, size)
+        keys = random(width, size).transpose(2, 3)  # as the cache holds them
+        scores, outputs = torch.matmul(queries, keys), torch.matmul(weights, values)
+        for rows in counts:
+            kept[rows] &= keeps(rows, queries, keys, scores) and keeps(rows, weights, values, outputs)
+    for step in (1, 2, 4, MAX_ATTENTION_ROWS):
+        for fewest in range(step, MAX_ATTENTION_ROWS + 1, step):
+            if all(kept[rows] for rows in counts if rows >= fewest and rows % step == 0):
+                return fewest, step
+    log.warning("Attention products of %d rows sum in another order here than among more.", MAX_ATTENTION_ROWS)
+    return MAX_ATTENTION_ROWS, MAX_ATTENTION_ROWS
 
 
 def _blocked(mask: torch.Tensor, groups: int, rows: int) -> torch.Tensor:  # [B, 1, n, S] -> [B, 1, rows, S]

@@ -1,5 +1,6 @@
 """The batched engine: every row of a ragged batch emits exactly what it emits alone; W = 1 is the single-chain
-algorithm; the real model in float32 equals alone or differs at a near-tie."""
+algorithm; the real model in float32 with the stock linears equals alone or differs at a near-tie, and in bfloat16 or
+with packed float32 linears bit for bit."""
 
 from __future__ import annotations
 
@@ -166,11 +167,11 @@ def test_real_model_batched_equals_alone_or_differs_at_a_near_tie(offline_model)
 BATCH_TEXTS = GREEDY_PROMPTS[:3]
 
 
-def test_bfloat16_rows_are_the_same_alone_beside_others_and_without_drafts(offline_bfloat16):
-    """Batch-invariant passes (models/attention.py): in bfloat16 each row's greedy tokens are the same at B = 1 and
-    at B = 3, with prompt lookup and with the target alone, and speculative equals target-only, bit for bit. Before,
-    2 of 8 rows at B = 8 equalled B = 1 on the AMD EPYC."""
-    loaded = offline_bfloat16
+def test_rows_are_the_same_alone_beside_others_and_without_drafts(invariant_model):
+    """Batch-invariant passes (models/attention.py): in bfloat16, and in float32 with packed linears, each row's
+    greedy tokens are the same at B = 1 and at B = 3, with prompt lookup and with the target alone, and speculative
+    equals target-only, bit for bit. Before, 2 of 8 rows at B = 8 equalled B = 1 in bfloat16 on the AMD EPYC."""
+    loaded = invariant_model
     prompts = [chat_prompt_ids(loaded, text)[0].tolist() for text in BATCH_TEXTS]
     spec, greedy = SpeculativeConfig(max_new_tokens=28), [SamplingConfig()] * len(prompts)
 
@@ -189,10 +190,10 @@ def test_bfloat16_rows_are_the_same_alone_beside_others_and_without_drafts(offli
     assert alone == target_alone
 
 
-def test_bfloat16_logits_of_a_row_are_bit_for_bit_those_it_gets_alone(offline_bfloat16):
+def test_logits_of_a_row_are_bit_for_bit_those_it_gets_alone(invariant_model):
     """Short rows too (fewer keys than one vector of the softmax) and one-token steps: every row's logits, step after
     step, in passes shared with rows of other lengths, branches and widths equal those of its own passes."""
-    model, generator = offline_bfloat16.model, torch.Generator().manual_seed(0)
+    model, generator = invariant_model.model, torch.Generator().manual_seed(0)
     starts = [torch.randint(100, 40000, (n,), generator=generator).tolist() for n in (3, 9, 20, 70)]
     branches = [[], [[5, 6, 7]], [[8], [9, 10]], []]
 
