@@ -13,16 +13,21 @@ from transformers import LlamaForCausalLM
 
 from specdemo.engine.resources import release_openmp_workers
 from specdemo.models.loading import OFFLINE_DEFAULT, LoadedModel, load_model, native_bfloat16
+from specdemo.models.packed import FLOAT32_VARIABLE, pack
 from tests.helpers import tiny_model, train_tiny_head
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # tests never phone home
+# float32 models keep the stock linears, Hugging Face's, on every machine, whatever packing would pay here (the parity
+# tests compare with generate); a test that wants packed float32 linears asks (offline_packed_float32, test_packed.py)
+os.environ.setdefault(FLOAT32_VARIABLE, "0")
 if "PYTEST_XDIST_WORKER" in os.environ:  # each worker's apps keep their files apart: a worker's count of its
     # downloads folder must not meet another's runs (test_many_runs_leave_a_bounded_folder_of_downloads did, once)
     os.environ.setdefault("GRADIO_TEMP_DIR", tempfile.mkdtemp(prefix=f"gradio-{os.environ['PYTEST_XDIST_WORKER']}-"))
     # and its share of the cores: two workers of two threads each on 2 cores took 24% longer than of one each
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
-SLOW_FIXTURES = {"offline_model", "offline_bfloat16", "app", "app_server", "client", "gemma", "browser"}
+SLOW_FIXTURES = {"offline_model", "offline_bfloat16", "offline_packed_float32", "invariant_model"}
+SLOW_FIXTURES |= {"app", "app_server", "client", "gemma", "browser"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -69,6 +74,23 @@ def offline_bfloat16() -> LoadedModel:
     if not native_bfloat16(torch.device("cpu")):
         pytest.skip("this CPU has no native bfloat16")
     return load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="session")
+def offline_packed_float32() -> LoadedModel:
+    """The offline default in float32 with its linears packed (models/packed.py), as it runs where that pays."""
+    loaded = load_model(OFFLINE_DEFAULT, device=torch.device("cpu"), dtype=torch.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(FLOAT32_VARIABLE, "1")
+        if not pack(loaded.model):
+            pytest.skip("oneDNN cannot pack float32 linears here, keeping each row's bits")
+    return loaded
+
+
+@pytest.fixture(params=["bfloat16", "packed float32"])
+def invariant_model(request: pytest.FixtureRequest) -> LoadedModel:
+    """The offline default in each format whose passes keep a row's bits in any batch."""
+    return request.getfixturevalue("offline_bfloat16" if request.param == "bfloat16" else "offline_packed_float32")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Pre-packed bfloat16 linears for the CPU's tree passes: oneDNN's inner product on weights reordered once, at the
-first tree pass of a model.
+"""Pre-packed linears for the CPU's tree passes: oneDNN's inner product on weights reordered once, at the first tree
+pass of a model; bfloat16 models always, float32 models where the packed products are faster on this machine.
 
 A plain bfloat16 product of one row can take another kernel than of two or more, so tree passes were padded to two
 rows (models/attention.py's MIN_GEMM_ROWS), which cost a one-token step about a quarter of its time: every layer ran
@@ -9,6 +9,12 @@ most of SmolLM2's linears, two for its MLP's down projection, whose 1,536 inputs
 single row). Siblings that read one input (an attention's query, key and value projections; an MLP's gate and up
 projections) are packed together and multiplied once. A one-row packed product also runs faster than a plain one
 (docs/serving.md has the measurements).
+
+In float32 the stock linear is MKL's, whose speed depends on the CPU: on an Intel Xeon it streamed a one-row product's
+weights faster than oneDNN's packed kernel, on an AMD EPYC at half the packed kernel's speed. So a float32 model is
+packed where `float32_packing_pays` measures the packed products faster here, once per process, on weights of
+SmolLM2's shape; its one-row steps then keep their rows' bits too. SPECDEMO_PACKED_FLOAT32=1 packs float32 models
+without measuring, =0 never packs them.
 
 Only tree passes use the packed copy (TreeCachedModel runs them in `tree_passes`); any other call, Hugging Face
 `generate` included, runs the stock linear on the stock weights. The copy doubles the linears' memory, so a model
@@ -23,6 +29,7 @@ import functools
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -34,11 +41,16 @@ from transformers import PreTrainedModel
 from specdemo.models.attention import min_gemm_rows
 
 VARIABLE = "SPECDEMO_PACKED_LINEARS"
+FLOAT32_VARIABLE = "SPECDEMO_PACKED_FLOAT32"  # "1" packs float32 models, "0" never; unset: where it pays here
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read the same input: one product
 MAX_ROWS = 4  # the most rows a product is padded to
 CHECK_ROWS = 128  # rows of random input each packed shape is checked on
 CHECK_ELEMENTS = 2**22  # outputs compared per window count, at most (a 49,152-wide head: 85 rows)
 MEMORY_SHARE = 0.5  # pack only when the copy takes at most this share of the memory free now
+PAYS = 1.2  # packed float32 products of one row must take at most 1 / PAYS of the stock ones' time, and of 17 rows less
+TIMING_SHAPE = (3072, 576)  # the weights timed: SmolLM2's gate and up projections, packed together
+TIMING_COPIES = 16  # 113 MB of float32 weights, more than a CPU's caches hold, streamed as a pass streams its own
+TIMING_REPEATS = 5  # interleaved; the fastest of each counts (another process can only add time)
 
 log = logging.getLogger(__name__)
 _in_tree_pass = contextvars.ContextVar("specdemo_tree_pass", default=False)
@@ -109,16 +121,16 @@ def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
 
 
 @functools.cache
-def rows_needed(out_features: int, in_features: int) -> int | None:
-    """The fewest rows (1 to MAX_ROWS) from which packed bfloat16 products of this shape give every row the bits it
+def rows_needed(out_features: int, in_features: int, dtype: torch.dtype = torch.bfloat16) -> int | None:
+    """The fewest rows (1 to MAX_ROWS) from which packed products of this shape and format give every row the bits it
     gets among 128, on this machine; None where no count up to MAX_ROWS does, or oneDNN cannot pack here. Checked on
     every window of each count through 128 random rows: a product of one row of a wide input (in_features above about
     a thousand) sums in another order, which shows in a few outputs of a few rows only."""
     try:
         generator = torch.Generator(device="cpu").manual_seed(0)
         weight = torch.randn(out_features, in_features, generator=generator, device=generator.device) * 0.05
-        x = torch.randn(CHECK_ROWS, in_features, generator=generator, device=generator.device).to(torch.bfloat16)
-        weight = weight.to(torch.bfloat16)
+        x = torch.randn(CHECK_ROWS, in_features, generator=generator, device=generator.device).to(dtype)
+        weight = weight.to(dtype)
         packed = _pack(weight)
         together = _packed_product(x, packed)
     except (RuntimeError, NotImplementedError):
@@ -150,22 +162,25 @@ def _sibling_groups(model: PreTrainedModel) -> list[list[torch.nn.Linear]]:
 
 
 def pack(model: PreTrainedModel) -> bool:
-    """Pack a CPU bfloat16 model's linears for its tree passes, siblings together, once (later calls answer what the
-    first did). False: left as it is (another device or format, SPECDEMO_PACKED_LINEARS=0, a machine where packed
-    products of some shape keep no row's bits, or too little memory free for the copy)."""
+    """Pack a CPU model's linears for its tree passes, siblings together, once (later calls answer what the first
+    did): a bfloat16 model's, and a float32 model's where that pays here (`packs_float32`). False: left as it is
+    (another device or format, SPECDEMO_PACKED_LINEARS=0, a machine where packed products of some shape keep no row's
+    bits, or too little memory free for the copy)."""
     with _lock:
         if model in _groups:
             return bool(_groups[model])
         _groups[model] = []
-        if model.device.type != "cpu" or model.dtype != torch.bfloat16 or os.environ.get(VARIABLE) == "0":
+        if model.device.type != "cpu" or os.environ.get(VARIABLE) == "0":
+            return False
+        if not (model.dtype == torch.bfloat16 or (model.dtype == torch.float32 and packs_float32())):
             return False
         groups = _sibling_groups(model)
         shapes = [(sum(linear.out_features for linear in group), group[0].in_features) for group in groups]
-        needed = [rows_needed(*shape) for shape in shapes]
+        needed = [rows_needed(*shape, model.dtype) for shape in shapes]
         if None in needed:
-            log.info("Linears left unpacked: packed bfloat16 products here do not keep a row's bits.")
+            log.info("Linears left unpacked: packed %s products here do not keep a row's bits.", model.dtype)
             return False
-        copy_bytes = sum(out_features * in_features * 2 for out_features, in_features in shapes)
+        copy_bytes = sum(out * in_ * model.dtype.itemsize for out, in_ in shapes)
         if copy_bytes > MEMORY_SHARE * psutil.virtual_memory().available:
             log.info("Linears left unpacked: their packed copy (%.1f GB) would not fit.", copy_bytes / 2**30)
             return False
@@ -177,6 +192,59 @@ def pack(model: PreTrainedModel) -> bool:
                 start += linear.out_features
             _groups[model].append(group)
         return True
+
+
+def packs_float32() -> bool:
+    """Whether float32 models are packed: as SPECDEMO_PACKED_FLOAT32 says, else where it pays on this machine."""
+    forced = os.environ.get(FLOAT32_VARIABLE, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return float32_packing_pays()
+
+
+@functools.cache
+def float32_packing_pays() -> bool:
+    """Whether oneDNN's products on packed float32 weights beat the stock linear's here: at one row (a token's step)
+    by PAYS, and at 17 rows (a verify pass) at all, each the fastest of TIMING_REPEATS interleaved sweeps over
+    TIMING_COPIES weights of TIMING_SHAPE. Measured once per process, and logged."""
+    try:
+        seconds = float32_product_seconds()
+    except (RuntimeError, NotImplementedError):  # oneDNN cannot pack float32 here
+        return False
+    pays = seconds[1][1] * PAYS <= seconds[1][0] and seconds[17][1] < seconds[17][0]
+    log.info(
+        "Float32 linears %s for tree passes: one row %.1f ms packed against %.1f ms stock, 17 rows %.1f against %.1f "
+        "(%d weights of %d x %d).",
+        "packed" if pays else "left unpacked",
+        *(1e3 * value for rows in (1, 17) for value in reversed(seconds[rows])),
+        TIMING_COPIES,
+        *TIMING_SHAPE,
+    )
+    return pays
+
+
+def float32_product_seconds() -> dict[int, tuple[float, float]]:
+    """Rows -> (stock, packed) seconds of float32 products over TIMING_COPIES weights of TIMING_SHAPE, at 1 and 17
+    rows: the fastest of TIMING_REPEATS interleaved sweeps each."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    weights = [torch.randn(*TIMING_SHAPE, generator=generator, device="cpu") for _ in range(TIMING_COPIES)]
+    packed = [_pack(weight) for weight in weights]
+    sweeps = (
+        lambda x: [F.linear(x, weight) for weight in weights],
+        lambda x: [_packed_product(x, weight) for weight in packed],
+    )
+    seconds: dict[int, tuple[float, float]] = {}
+    for rows in (1, 17):
+        x = torch.randn(rows, TIMING_SHAPE[1], generator=generator, device="cpu")
+        fastest = [float("inf"), float("inf")]
+        for repeat in range(TIMING_REPEATS + 1):
+            for index, sweep in enumerate(sweeps):
+                started = time.perf_counter()
+                sweep(x)
+                if repeat:  # the first sweep of each warms its kernel
+                    fastest[index] = min(fastest[index], time.perf_counter() - started)
+        seconds[rows] = (fastest[0], fastest[1])
+    return seconds
 
 
 def gemm_rows(model: PreTrainedModel) -> int:
