@@ -21,6 +21,7 @@ from specdemo.engine.costs import MEASURED_SIZES, batch_costs, measure_pass_seco
 from specdemo.engine.scheduler import MAX_BATCH_ROWS
 from specdemo.engine.setup import load_pair
 from specdemo.models.loading import model_dtype_reason, prompt_token_ids
+from specdemo.models.packed import is_packed
 from specdemo.models.shared import ModelCache
 
 PLANNER_SIZES = tuple(size for size in MEASURED_SIZES if size <= 24)  # what the suffix pair measures at load
@@ -93,6 +94,7 @@ def pass_costs_command(settings: CliSettings, progress) -> int:
     record = {
         "model": target.description,
         "context_tokens": 200,
+        "packed_linears": is_packed(target.model),  # models/packed.py: bfloat16, and float32 where it pays here
         "cost_over_one_token": costs,
         "planner_rounds": dict(zip(planner.sizes, planner.steps_at, strict=True)),
         "planner_seconds_to_measure": planner_seconds,

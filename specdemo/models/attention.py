@@ -33,6 +33,7 @@ NAME = "specdemo-tree"  # the attention implementation a TreeCachedModel's model
 MIN_GEMM_ROWS = {torch.bfloat16: 2, torch.float16: 2}  # a linear's fewer rows take another kernel; stock float32
 # linears would need 4, and a four-token float32 pass costs 1.45 one-token steps on a Xeon (bench --pass-costs), so
 # they are not padded (models/packed.py pads packed linears one by one, only where their shape needs it)
+ATTENTION_ROWS = 3  # the fewest stacked rows of a pass that names none (a fixed-shape pass, models/fixed_pass.py)
 MAX_ATTENTION_ROWS = 8  # the most rows attention_rows answers
 CHECK_WIDTHS = (64, 320)  # key slots the attention's products are checked over
 _last_mask = threading.local()  # per thread: the mask _blocked last prepared, and what it made
@@ -57,6 +58,7 @@ def tree_attention(
     scaling: float,
     dropout: float = 0.0,
     tree_pass: bool = False,
+    query_rows: tuple[int, int] = (ATTENTION_ROWS, 1),  # (fewest, step): a tree pass's from attention_rows
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:  # [B, n, H, d]
     if not tree_pass:
@@ -66,7 +68,7 @@ def tree_attention(
     batch, heads, num_queries, size = query.shape
     groups = heads // key.shape[1]
     stacked = query.reshape(batch, key.shape[1], groups * num_queries, size)  # [B, Hkv, G*n, d]: heads as rows
-    fewest, step = attention_rows(key.device.type, key.shape[1], size, key.dtype)
+    fewest, step = query_rows
     rows = max(-(-groups * num_queries // step) * step, fewest)
     if rows > groups * num_queries:  # repeat the last query up to a count whose products keep a row's bits
         stacked = torch.cat([stacked, stacked[:, :, -1:].expand(-1, -1, rows - groups * num_queries, -1)], dim=2)
@@ -97,6 +99,17 @@ def _attend(
     return torch.matmul(torch.softmax(scores, dim=-1), value)
 
 
+def query_rows_for(model: PreTrainedModel, dtype: torch.dtype) -> tuple[int, int]:
+    """attention_rows for the model's attention on its device, `dtype` the cache's; ATTENTION_ROWS on the meta device
+    (a memory estimate's pass, which computes nothing)."""
+    config = model.config.get_text_config()
+    if model.device.type == "meta":
+        return ATTENTION_ROWS, 1
+    size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return attention_rows(model.device.type, kv_heads, size, dtype)
+
+
 @functools.cache
 def attention_rows(device_type: str, kv_heads: int, size: int, dtype: torch.dtype) -> tuple[int, int]:
     """(fewest, step): attention's products ([B, Hkv, r, d] queries against keys, weights against values, in `dtype`)
@@ -108,7 +121,7 @@ def attention_rows(device_type: str, kv_heads: int, size: int, dtype: torch.dtyp
     generator = torch.Generator(device="cpu").manual_seed(0)
 
     def random(*shape: int) -> torch.Tensor:
-        return torch.randn(2, kv_heads, *shape, generator=generator, device="cpu").to(device_type, dtype)
+        return torch.randn(2, kv_heads, *shape, generator=generator, device=generator.device).to(device_type, dtype)
 
     def keeps(rows: int, left: torch.Tensor, right: torch.Tensor, together: torch.Tensor) -> bool:
         return all(

@@ -227,7 +227,7 @@ def float32_product_seconds() -> dict[int, tuple[float, float]]:
     """Rows -> (stock, packed) seconds of float32 products over TIMING_COPIES weights of TIMING_SHAPE, at 1 and 17
     rows: the fastest of TIMING_REPEATS interleaved sweeps each."""
     generator = torch.Generator(device="cpu").manual_seed(0)
-    weights = [torch.randn(*TIMING_SHAPE, generator=generator, device="cpu") for _ in range(TIMING_COPIES)]
+    weights = [torch.randn(*TIMING_SHAPE, generator=generator, device=generator.device) for _ in range(TIMING_COPIES)]
     packed = [_pack(weight) for weight in weights]
     sweeps = (
         lambda x: [F.linear(x, weight) for weight in weights],
@@ -235,7 +235,7 @@ def float32_product_seconds() -> dict[int, tuple[float, float]]:
     )
     seconds: dict[int, tuple[float, float]] = {}
     for rows in (1, 17):
-        x = torch.randn(rows, TIMING_SHAPE[1], generator=generator, device="cpu")
+        x = torch.randn(rows, TIMING_SHAPE[1], generator=generator, device=generator.device)
         fastest = [float("inf"), float("inf")]
         for repeat in range(TIMING_REPEATS + 1):
             for index, sweep in enumerate(sweeps):
@@ -247,6 +247,11 @@ def float32_product_seconds() -> dict[int, tuple[float, float]]:
     return seconds
 
 
+def is_packed(model: PreTrainedModel) -> bool:
+    """Whether the model's tree passes multiply on packed weights."""
+    return bool(_groups.get(model))
+
+
 def gemm_rows(model: PreTrainedModel) -> int:
     """The fewest rows a tree pass's linears may multiply at once and keep a row's bits: 1 where they are packed."""
-    return 1 if _groups.get(model) else min_gemm_rows(model.dtype)
+    return 1 if is_packed(model) else min_gemm_rows(model.dtype)

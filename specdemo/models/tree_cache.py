@@ -16,7 +16,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from specdemo.core.eager_round import decide_rows
 from specdemo.core.verdicts import Overflowed, RoundAsk, RowVerdict
-from specdemo.models.attention import use_tree_attention
+from specdemo.models.attention import query_rows_for, use_tree_attention
 from specdemo.models.graphs import DEVICE_WORK, wait
 from specdemo.models.layout import HOLE, PassPlan, RowRequest, TreeLayout
 from specdemo.models.packed import gemm_rows, pack, tree_passes
@@ -212,6 +212,7 @@ class TreeCachedModel(CachedModel):
     def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
         super().__init__(model, hidden_layers)
         pack(model)  # its linears, for tree passes, once (models/packed.py)
+        self.query_rows = query_rows_for(model, torch.promote_types(model.dtype, torch.float32))  # the cache's format
         self.layout = TreeLayout()
         self.cache = RowCache()
 
@@ -306,6 +307,7 @@ class TreeCachedModel(CachedModel):
                     use_cache=True,
                     logits_to_keep=plan.num_logits,
                     tree_pass=True,
+                    query_rows=self.query_rows,
                     output_hidden_states=self.keep_hidden_states,
                 )
             wait(self.device)
