@@ -6,13 +6,14 @@ path with the shape of the pass. On the CPUs here (bfloat16; docs/serving.md has
   a float32 product below three or four rows, and on some CPUs a remainder past a multiple of four);
 - the flash kernel behind scaled_dot_product_attention splits its work by the numbers of queries and keys, and
   transformers sends a single query down another path again;
-- a softmax over fewer than 16 keys takes a scalar path, over more a vector one.
+- a softmax over fewer than 16 keys takes a scalar path, over more a vector one;
+- a product's sum over the key slots can take another order with their number (on an AMD EPYC, 192 to 320 slots).
 So a tree pass attends as transformers' eager attention does, in float32 (the cache holds a bfloat16 model's keys and
 values in float32: its products cost a fraction of bfloat16's here), with the query heads of one key head stacked into
 the rows of one product, padded to a count whose products keep a row's bits on this machine (`attention_rows`), over a
-width that is a multiple of WIDTH_STEP (the masked slots past a row's keys add exact zeros). The linears keep their
-rows' bits in models/packed.py, or with every pass at least MIN_GEMM_ROWS rows where a bfloat16 model is not packed.
-Any other call (generate, a plain forward) goes to transformers' sdpa attention, with its masks."""
+width that is a multiple of WIDTH_STEP (the masked slots past a row's keys add exact zeros), the values weighed
+WIDTH_STEP slots at a time. The linears keep their rows' bits in models/packed.py, or with every pass at least
+MIN_GEMM_ROWS rows where a bfloat16 model is not packed. Any other call (generate, a plain forward) goes to transformers' sdpa attention, with its masks."""
 
 # B = rows, H = query heads, Hkv = key-value heads, G = H / Hkv, n = queries, S = key slots, d = head size
 
@@ -27,6 +28,8 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from specdemo.models.layout import WIDTH_STEP
 
 log = logging.getLogger(__name__)
 NAME = "specdemo-tree"  # the attention implementation a TreeCachedModel's model runs with
@@ -58,7 +61,7 @@ def tree_attention(
     scaling: float,
     dropout: float = 0.0,
     tree_pass: bool = False,
-    query_rows: tuple[int, int] = (ATTENTION_ROWS, 1),  # (fewest, step): a tree pass's from attention_rows
+    query_rows: tuple[int, int] | None = None,  # a tree pass's (TreeCachedModel's): attention_rows for its shapes
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:  # [B, n, H, d]
     if not tree_pass:
@@ -68,14 +71,14 @@ def tree_attention(
     batch, heads, num_queries, size = query.shape
     groups = heads // key.shape[1]
     stacked = query.reshape(batch, key.shape[1], groups * num_queries, size)  # [B, Hkv, G*n, d]: heads as rows
-    fewest, step = query_rows
+    fewest, step = query_rows or (ATTENTION_ROWS, 1)
     rows = max(-(-groups * num_queries // step) * step, fewest)
     if rows > groups * num_queries:  # repeat the last query up to a count whose products keep a row's bits
         stacked = torch.cat([stacked, stacked[:, :, -1:].expand(-1, -1, rows - groups * num_queries, -1)], dim=2)
     blocked = _blocked(attention_mask, groups, rows)
     softcap = kwargs.get("softcap")
     parts = [
-        _attend(stacked[:, :, chunk], key, value, blocked[:, :, chunk], scaling, softcap)
+        _attend(stacked[:, :, chunk], key, value, blocked[:, :, chunk], scaling, softcap, query_rows is not None)
         for chunk in _chunks(rows, fewest)
     ]
     output = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))[:, :, : groups * num_queries].to(query.dtype)
@@ -89,14 +92,32 @@ def _attend(
     blocked: torch.Tensor,  # [B, 1, r, S] True where a query may not attend
     scaling: float,
     softcap: object,
+    in_steps: bool,
 ) -> torch.Tensor:  # [B, Hkv, r, d]
     """The eager attention of transformers' models, its products in the cache's format: float32 (float64 for a float64
-    model), where a bfloat16 product of a few rows costs several float32 ones on the CPU (docs/serving.md)."""
+    model), where a bfloat16 product of a few rows costs several float32 ones on the CPU (docs/serving.md); the values
+    weighed in_steps of WIDTH_STEP slots (`_weigh_in_steps`) in a tree pass."""
     scores = torch.matmul(query.to(key.dtype), key.transpose(2, 3)).mul_(scaling)  # [B, Hkv, r, S]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores.masked_fill_(blocked, torch.finfo(scores.dtype).min)
-    return torch.matmul(torch.softmax(scores, dim=-1), value)
+    weights = torch.softmax(scores, dim=-1)
+    return _weigh_in_steps(weights, value) if in_steps else torch.matmul(weights, value)
+
+
+def _weigh_in_steps(
+    weights: torch.Tensor,  # [B, Hkv, r, S]
+    value: torch.Tensor,  # [B, Hkv, S, d]
+) -> torch.Tensor:  # [B, Hkv, r, d]
+    """weights @ value, summed over the slots WIDTH_STEP at a time, in order. One product over all S slots sums them
+    in an order that can depend on S (an AMD EPYC's float32 kernel does between 192 and 320 slots), and a row's S is
+    the widest row's of its pass, or grows with the drafts it verifies. Here each step's product sums 64 slots, and
+    the steps past a row's keys weigh exact zeros, which leave the running sum as it was."""
+    steps = weights.shape[-1] // WIDTH_STEP
+    parts = torch.matmul(  # [B, Hkv, steps, r, d]
+        weights.unflatten(3, (steps, WIDTH_STEP)).transpose(2, 3), value.unflatten(2, (steps, WIDTH_STEP))
+    )
+    return parts.cumsum(dim=2)[:, :, -1]  # a cumulative sum adds the steps one after another
 
 
 def query_rows_for(model: PreTrainedModel, dtype: torch.dtype) -> tuple[int, int]:

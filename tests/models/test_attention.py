@@ -1,5 +1,6 @@
 """Tree attention's products keep a row's bits (models/attention.py): the row counts `attention_rows` measures on this
-machine hold on fresh inputs, widths and batches, and a pass pads its stacked query rows to one of them."""
+machine hold on fresh inputs, widths and batches, a pass pads its stacked query rows to one of them, and the values
+weighed in steps of 64 slots give a row its bits at any wider width."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from tests.helpers import tiny_model
 
 
 @pytest.mark.parametrize(
-    ("kv_heads", "size", "dtype"), [(3, 64, torch.float32), (1, 64, torch.float32), (3, 64, torch.float64)]
+    ("kv_heads", "size", "dtype"),
+    [(3, 64, torch.float32), (1, 64, torch.float32), (3, 64, torch.float64)],
+    ids=["float32, 3 key heads", "float32, 1 key head", "float64"],
 )
 def test_attention_rows_keep_every_row_its_bits_on_fresh_inputs(kv_heads, size, dtype):
     """Every allowed count through 60 rows (at least `fewest`, a multiple of `step`) gives each row of a product of 120
@@ -55,3 +58,17 @@ def test_a_pass_pads_its_query_rows_to_an_allowed_count(monkeypatch):
     monkeypatch.setattr(attention, "attention_rows", lambda *shape: (6, 1))
     TreeCachedModel(model).logits({0: RowRequest([2], [], "all")})
     assert set(seen) == {max(6, groups)}
+
+
+def test_values_weighed_in_steps_give_a_row_its_bits_at_any_wider_width():
+    """A row's weights over its slots, padded with exact zeros to a wider pass (rows beside it, drafts it verifies),
+    give the same bits, at every width from 64 to 1,024 slots. Planted: one product over all slots (on an AMD EPYC
+    widths of 192 to 320 slots sum otherwise)."""
+    generator = torch.Generator().manual_seed(5)
+    for own in range(64, 1024, 64):
+        weights = torch.softmax(torch.randn(1, 3, 4, own, generator=generator), dim=-1)
+        values = torch.randn(1, 3, 1024, 64, generator=generator)
+        alone = attention._weigh_in_steps(weights, values[:, :, :own])
+        for wider in range(own + 64, 1025, 64):
+            padded = torch.cat([weights, weights.new_zeros(1, 3, 4, wider - own)], dim=-1)
+            assert torch.equal(attention._weigh_in_steps(padded, values[:, :, :wider]), alone), (own, wider)
