@@ -13,7 +13,8 @@ values in float32: its products cost a fraction of bfloat16's here), with the qu
 the rows of one product, padded to a count whose products keep a row's bits on this machine (`attention_rows`), over a
 width that is a multiple of WIDTH_STEP (the masked slots past a row's keys add exact zeros), the values weighed
 WIDTH_STEP slots at a time. The linears keep their rows' bits in models/packed.py, or with every pass at least
-MIN_GEMM_ROWS rows where a bfloat16 model is not packed. Any other call (generate, a plain forward) goes to transformers' sdpa attention, with its masks."""
+MIN_GEMM_ROWS rows where a bfloat16 model is not packed. Any other call (generate, a plain forward) goes to
+transformers' sdpa attention, with its masks."""
 
 # B = rows, H = query heads, Hkv = key-value heads, G = H / Hkv, n = queries, S = key slots, d = head size
 
