@@ -167,11 +167,11 @@ def test_real_model_batched_equals_alone_or_differs_at_a_near_tie(offline_model)
 BATCH_TEXTS = GREEDY_PROMPTS[:3]
 
 
-def test_rows_are_the_same_alone_beside_others_and_without_drafts(invariant_model):
-    """Batch-invariant passes (models/attention.py): in bfloat16, and in float32 with packed linears, each row's
-    greedy tokens are the same at B = 1 and at B = 3, with prompt lookup and with the target alone, and speculative
-    equals target-only, bit for bit. Before, 2 of 8 rows at B = 8 equalled B = 1 in bfloat16 on the AMD EPYC."""
-    loaded = invariant_model
+def test_bfloat16_rows_are_the_same_alone_beside_others_and_without_drafts(offline_bfloat16):
+    """Batch-invariant passes (models/attention.py): in bfloat16 each row's greedy tokens are the same at B = 1 and
+    at B = 3, with prompt lookup and with the target alone, and speculative equals target-only, bit for bit. Before,
+    2 of 8 rows at B = 8 equalled B = 1 on the AMD EPYC. (Packed float32 passes: the logits test below.)"""
+    loaded = offline_bfloat16
     prompts = [chat_prompt_ids(loaded, text)[0].tolist() for text in BATCH_TEXTS]
     spec, greedy = SpeculativeConfig(max_new_tokens=28), [SamplingConfig()] * len(prompts)
 
