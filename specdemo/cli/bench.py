@@ -10,6 +10,8 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+import torch
+
 from specdemo.bench.app import bench_app
 from specdemo.bench.batch import batch_table, run_batch_bench
 from specdemo.bench.prompts import PROMPTS, BenchPrompt, read_prompts_file
@@ -21,7 +23,7 @@ from specdemo.engine.costs import MEASURED_SIZES, batch_costs, measure_pass_seco
 from specdemo.engine.scheduler import MAX_BATCH_ROWS
 from specdemo.engine.setup import load_pair
 from specdemo.models.loading import model_dtype_reason, prompt_token_ids
-from specdemo.models.packed import is_packed
+from specdemo.models.packed import float32_product_seconds, is_packed
 from specdemo.models.shared import ModelCache
 
 PLANNER_SIZES = tuple(size for size in MEASURED_SIZES if size <= 24)  # what the suffix pair measures at load
@@ -104,6 +106,11 @@ def pass_costs_command(settings: CliSettings, progress) -> int:
         },
         "shared_seconds_to_measure": time.perf_counter() - started,
     }
+    if target.model.dtype == torch.float32 and target.device.type == "cpu":  # what float32_packing_pays decides on
+        record["float32_product_ms"] = {
+            rows: {"stock": 1e3 * stock, "packed": 1e3 * packed}
+            for rows, (stock, packed) in float32_product_seconds().items()
+        }
     print(json.dumps(record))
     return 0
 
