@@ -4,9 +4,10 @@ OpenMP setting in turn, alternated. The busy process multiplies matrices on ever
 
     python -m benchmarks.busy --repeats 3 --max-new-tokens 32 --dtype bfloat16
 
-Settings: `specdemo` (what `import specdemo` sets: GOMP_SPINCOUNT=2000, models/openmp.py), and `libgomp default`
-(GOMP_SPINCOUNT=300000, what a process gets without it); `--spin-counts 20000 ...` adds others. Reports tokens per
-second, medians, and busy ÷ idle."""
+Settings: `specdemo` (what `import specdemo` sets: GOMP_SPINCOUNT=30000, models/openmp.py, and threads that follow the
+cores' load, models/threads.py), `threads fixed` (SPECDEMO_ADAPTIVE_THREADS=0: torch's count throughout) and `libgomp
+default` (GOMP_SPINCOUNT=300000); `--spin-counts 20000 ...` adds others. Reports tokens per second, medians, and busy ÷
+idle."""
 
 from __future__ import annotations
 
@@ -21,7 +22,16 @@ from pathlib import Path
 from benchmarks.common import parser
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {"specdemo": {}, "libgomp default": {"GOMP_SPINCOUNT": "300000"}}
+SETTINGS = {
+    "specdemo": {},
+    "threads fixed": {"SPECDEMO_ADAPTIVE_THREADS": "0"},
+    "libgomp default": {"GOMP_SPINCOUNT": "300000"},
+}
+OURS = (
+    "GOMP_SPINCOUNT",
+    "OMP_WAIT_POLICY",
+    "SPECDEMO_ADAPTIVE_THREADS",
+)  # what the settings set, taken from the caller
 BUSY = """import torch
 a = torch.randn(1500, 1500)
 while True:
@@ -31,7 +41,7 @@ PROMPT = "Explain why the sky looks blue at noon and red at sunset."
 
 
 def tokens_per_second(args, extra: dict[str, str]) -> float:
-    env = {key: value for key, value in os.environ.items() if key not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env = {key: value for key, value in os.environ.items() if key not in OURS}
     command = [sys.executable, "-m", "specdemo", "generate", "--baseline", "--target", args.model, "--json"]
     command += ["--max-new-tokens", str(args.max_new_tokens), "--dtype", args.dtype, "--prompt", PROMPT]
     done = subprocess.run(command, cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, check=True)

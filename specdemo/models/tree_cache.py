@@ -20,6 +20,7 @@ from specdemo.models.attention import query_rows_for, use_tree_attention
 from specdemo.models.graphs import DEVICE_WORK, wait
 from specdemo.models.layout import HOLE, PassPlan, RowRequest, TreeLayout
 from specdemo.models.packed import gemm_rows, pack, tree_passes
+from specdemo.models.threads import governed
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 GROWTH = 1.5  # capacity grows by this factor (and never below what a pass needs), so rows rarely trigger a copy
@@ -133,6 +134,27 @@ class RowCache:
             for table, source in zip(mine, theirs, strict=True):
                 for from_row, to_row in pairs:
                     table[to_row, :, :length] = source[from_row, :, :length]
+
+
+def keeps_bits(model: PreTrainedModel) -> bool:
+    """Whether the model's tree passes give the same logits on one thread as on torch's count: a 20-token prompt, a
+    one-token step and a 4-token verify, each on a fresh cache (models/threads.py asks before a pass runs on fewer)."""
+    ids = [100 + 7 * i for i in range(25)]  # any tokens a vocabulary holds
+    requests = (
+        RowRequest(ids[:20], [], "tips"),
+        RowRequest(ids[:21], [], "tips"),
+        RowRequest(ids[:21], [ids[21:]], "all"),
+    )
+    most = torch.get_num_threads()
+    logits = []
+    for threads in (1, most):
+        torch.set_num_threads(threads)
+        try:
+            cache = TreeCachedModel(model)
+            logits.append([cache.logits({0: request})[0] for request in requests])
+        finally:
+            torch.set_num_threads(most)
+    return all(torch.equal(one, all_) for one, all_ in zip(*logits, strict=True))
 
 
 def _grown(table: torch.Tensor, rows: int, slots: int) -> torch.Tensor:  # [B, Hkv, L, d] -> [rows, Hkv, slots, d]
@@ -298,7 +320,7 @@ class TreeCachedModel(CachedModel):
             }
             self.cache.begin(plan, self.device)
             started = time.perf_counter()
-            with tree_passes(self.model):
+            with tree_passes(self.model), governed(self.model, keeps_bits):
                 output = self.model(
                     input_ids=tokens.clamp(min=0),  # padding reads token 0 and is never attended to
                     position_ids=positions,

@@ -1,0 +1,139 @@
+"""How many threads a CPU pass runs on: all of torch's while the cores are free, fewer while another process keeps
+them busy.
+
+A decoding thread's OpenMP workers spin a while between parallel regions (GOMP_SPINCOUNT, models/openmp.py), which is
+what makes an idle machine fast. Beside a process that keeps the cores busy, every region then waits on a worker the
+system has descheduled. One thread waits on nobody: on the AMD EPYC of docs/serving.md ("A busy machine"), the CLI's
+target-only decoding ran at 21 tokens/s on one thread beside a busy process, against 15 on two.
+
+So each thread that runs passes governs its passes' OpenMP team (libgomp keeps a team's size per thread): it reads how
+long it waited for a core while its passes ran (the kernel's run-queue wait, /proc/thread-self/schedstat), and every
+WINDOW_SECONDS of passes it drops a thread when it waited more than CROWDED of that time, and takes one back when it
+waited less than FREE. A climb that crowds the cores again is undone, and the next waits twice as long (a neighbour
+that keeps one core busy leaves this thread one).
+
+Only passes change their count: the rule and sampling run on torch's, since a sum over a vocabulary's row is split
+among threads and its last bits depend on their number. A pass's logits must not: before a model's first pass on
+fewer threads, `keeps_bits` (models/tree_cache.py) compares a few of its passes on one thread with those on torch's
+count, and a model whose bits differ keeps torch's count. Where the kernel does not say (not Linux), or
+SPECDEMO_ADAPTIVE_THREADS=0, every pass runs on torch's count."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+
+import torch
+
+VARIABLE = "SPECDEMO_ADAPTIVE_THREADS"  # "0": every pass on torch's thread count
+WINDOW_SECONDS = 0.1  # of passes' wall time, between decisions
+CROWDED = 0.25  # the share of a window this thread waited for a core above which it drops a thread
+FREE = 0.05  # the share below which it takes one back
+FIRST_WAIT = 2.0  # seconds after a drop before a climb; doubled after each climb that was undone
+LONGEST_WAIT = 64.0
+SCHEDSTAT = "/proc/thread-self/schedstat"  # nanoseconds on a core, nanoseconds waiting for one, slices
+
+log = logging.getLogger(__name__)
+_local = threading.local()
+_keeps_bits: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def waited_seconds() -> float | None:
+    """The calling thread's seconds waiting for a core since it started; None where the kernel does not say."""
+    try:
+        with open(SCHEDSTAT) as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class ThreadGovernor:
+    """One thread's count for its passes (the module's docstring), from what its passes waited for a core."""
+
+    def __init__(
+        self,
+        most: int,
+        waited: Callable[[], float | None] = waited_seconds,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.most = most  # torch's count: the rule's, and the passes' while the cores are free
+        self.threads = most  # the passes'
+        self._waited, self._clock = waited, clock
+        self._window_wall = self._window_waited = 0.0
+        self._climb_after = 0.0  # no climb before this clock reading
+        self._wait = FIRST_WAIT  # before the next climb, after a drop
+        self._climbed = False  # the latest change was a climb, not yet held through a window
+
+    @contextlib.contextmanager
+    def governing(self) -> Iterator[None]:
+        """A pass on the governed count; its time and its wait for a core count towards the window, at whose end the
+        count may change for the next pass."""
+        waited, started = self._waited(), self._clock()
+        if self.threads != self.most:
+            torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            if self.threads != self.most:
+                torch.set_num_threads(self.most)
+            after = self._waited()
+            if waited is not None and after is not None:
+                self._window_wall += self._clock() - started
+                self._window_waited += after - waited
+                if self._window_wall >= WINDOW_SECONDS:
+                    self._decide(self._window_waited / self._window_wall)
+                    self._window_wall = self._window_waited = 0.0
+
+    def _decide(self, share: float) -> None:
+        now = self._clock()
+        if share > CROWDED and self.threads > 1:
+            self._wait = min(2 * self._wait, LONGEST_WAIT) if self._climbed else self._wait
+            self._climb_after, self._climbed = now + self._wait, False
+            self._change(self.threads - 1, share)
+        elif self._climbed:  # the climb held a window: the next drop waits the first wait again
+            self._wait, self._climbed = FIRST_WAIT, False
+        elif share < FREE and self.threads < self.most and now >= self._climb_after:
+            self._climbed = True
+            self._change(self.threads + 1, share)
+
+    def _change(self, threads: int, share: float) -> None:
+        log.info("Passes on %d threads: this thread waited %.0f%% of its passes for a core.", threads, 100 * share)
+        self.threads = threads
+
+
+@contextlib.contextmanager
+def governed(model: torch.nn.Module, keeps_bits: Callable[[torch.nn.Module], bool]) -> Iterator[None]:
+    """A pass of `model`, on the count its thread governs where it runs on the CPU (the module's docstring);
+    keeps_bits(model): whether its passes' logits on one thread are those on torch's count, asked once per model,
+    before its first pass on fewer threads (a model that says no runs every pass on torch's count)."""
+    if model.device.type != "cpu" or os.environ.get(VARIABLE) == "0" or getattr(_local, "checking", False):
+        yield
+        return
+    governor = getattr(_local, "governor", None)
+    if governor is None or governor.most != torch.get_num_threads():  # new here, or someone set torch's count
+        governor = _local.governor = ThreadGovernor(torch.get_num_threads())
+    if governor.threads < governor.most and not _checked(model, keeps_bits):
+        yield
+        return
+    with governor.governing():
+        yield
+
+
+def _checked(model: torch.nn.Module, keeps_bits: Callable[[torch.nn.Module], bool]) -> bool:
+    """keeps_bits(model), asked once, its passes run on torch's count."""
+    with _lock:
+        if model not in _keeps_bits:
+            _local.checking = True
+            try:
+                _keeps_bits[model] = keeps_bits(model)
+            finally:
+                _local.checking = False
+            if not _keeps_bits[model]:
+                log.info("Passes of this model keep torch's thread count: its logits differ on one thread.")
+        return _keeps_bits[model]
