@@ -1,22 +1,23 @@
-"""How many threads a CPU pass runs on: all of torch's while the cores are free, fewer while another process keeps
-them busy.
+"""How many threads a CPU decoding thread runs on: all of torch's while the cores are free, fewer while another process
+keeps them busy.
 
 A decoding thread's OpenMP workers spin a while between parallel regions (GOMP_SPINCOUNT, models/openmp.py), which is
 what makes an idle machine fast. Beside a process that keeps the cores busy, every region then waits on a worker the
 system has descheduled. One thread waits on nobody: on the AMD EPYC of docs/serving.md ("A busy machine"), the CLI's
 target-only decoding ran at 21 tokens/s on one thread beside a busy process, against 15 on two.
 
-So each thread that runs passes governs its passes' OpenMP team (libgomp keeps a team's size per thread): it reads how
-long it waited for a core while its passes ran (the kernel's run-queue wait, /proc/thread-self/schedstat), and every
+So each thread that runs passes governs its OpenMP team (libgomp keeps a team's size per thread): it reads how long it
+waited for a core while its passes ran (the kernel's run-queue wait, /proc/thread-self/schedstat), and every
 WINDOW_SECONDS of passes it drops a thread when it waited more than CROWDED of that time, and takes one back when it
 waited less than FREE. A climb that crowds the cores again is undone, and the next waits twice as long (a neighbour
 that keeps one core busy leaves this thread one).
 
-Only passes change their count: the rule and sampling run on torch's, since a sum over a vocabulary's row is split
-among threads and its last bits depend on their number. A pass's logits must not: before a model's first pass on
-fewer threads, `keeps_bits` (models/tree_cache.py) compares a few of its passes on one thread with those on torch's
-count, and a model whose bits differ keeps torch's count. Where the kernel does not say (not Linux), or
-SPECDEMO_ADAPTIVE_THREADS=0, every pass runs on torch's count."""
+The count must change no token. The rule runs on one thread whatever the count (`one_thread`, models/tree_cache.py):
+a sum over one row of a vocabulary is split among the threads, and its last bits depend on their number. A pass's
+logits must not depend on it either: as a model's first TreeCachedModel starts, `check` has `keeps_bits`
+(models/tree_cache.py) compare two of its passes on one thread with the same on torch's count, and a model whose bits
+differ, or that was not checked, runs its passes on torch's count. Where the kernel does not say (not Linux), or
+SPECDEMO_ADAPTIVE_THREADS=0, the count stays torch's."""
 
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ class ThreadGovernor:
         waited: Callable[[], float | None] = waited_seconds,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.most = most  # torch's count: the rule's, and the passes' while the cores are free
-        self.threads = most  # the passes'
+        self.most = most  # torch's count when the thread first ran a pass
+        self.threads = most  # the thread's count now
         self._waited, self._clock = waited, clock
         self._window_wall = self._window_waited = 0.0
         self._climb_after = 0.0  # no climb before this clock reading
@@ -72,16 +73,12 @@ class ThreadGovernor:
 
     @contextlib.contextmanager
     def governing(self) -> Iterator[None]:
-        """A pass on the governed count; its time and its wait for a core count towards the window, at whose end the
-        count may change for the next pass."""
+        """A pass; its time and its wait for a core count towards the window, at whose end the count may change for
+        what the thread runs next."""
         waited, started = self._waited(), self._clock()
-        if self.threads != self.most:
-            torch.set_num_threads(self.threads)
         try:
             yield
         finally:
-            if self.threads != self.most:
-                torch.set_num_threads(self.most)
             after = self._waited()
             if waited is not None and after is not None:
                 self._window_wall += self._clock() - started
@@ -103,37 +100,68 @@ class ThreadGovernor:
             self._change(self.threads + 1, share)
 
     def _change(self, threads: int, share: float) -> None:
-        log.info("Passes on %d threads: this thread waited %.0f%% of its passes for a core.", threads, 100 * share)
+        log.info("Decoding on %d threads: this thread waited %.0f%% of its passes for a core.", threads, 100 * share)
         self.threads = threads
+        torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager
-def governed(model: torch.nn.Module, keeps_bits: Callable[[torch.nn.Module], bool]) -> Iterator[None]:
-    """A pass of `model`, on the count its thread governs where it runs on the CPU (the module's docstring);
-    keeps_bits(model): whether its passes' logits on one thread are those on torch's count, asked once per model,
-    before its first pass on fewer threads (a model that says no runs every pass on torch's count)."""
+def governed(model: torch.nn.Module) -> Iterator[None]:
+    """A pass of `model`, on the count its thread governs where it runs on the CPU (the module's docstring); a model
+    that `check` did not find keeping its bits on one thread runs its passes on torch's count."""
     if model.device.type != "cpu" or os.environ.get(VARIABLE) == "0" or getattr(_local, "checking", False):
         yield
         return
     governor = getattr(_local, "governor", None)
-    if governor is None or governor.most != torch.get_num_threads():  # new here, or someone set torch's count
+    if governor is None or governor.threads != torch.get_num_threads():  # new here, or someone set the count
         governor = _local.governor = ThreadGovernor(torch.get_num_threads())
-    if governor.threads < governor.most and not _checked(model, keeps_bits):
-        yield
+    if governor.threads < governor.most and not _keeps_bits.get(model, False):
+        torch.set_num_threads(governor.most)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(governor.threads)
         return
     with governor.governing():
         yield
 
 
-def _checked(model: torch.nn.Module, keeps_bits: Callable[[torch.nn.Module], bool]) -> bool:
-    """keeps_bits(model), asked once, its passes run on torch's count."""
-    with _lock:
-        if model not in _keeps_bits:
-            _local.checking = True
-            try:
-                _keeps_bits[model] = keeps_bits(model)
-            finally:
-                _local.checking = False
-            if not _keeps_bits[model]:
-                log.info("Passes of this model keep torch's thread count: its logits differ on one thread.")
-        return _keeps_bits[model]
+def check(model: torch.nn.Module, keeps_bits: Callable[[torch.nn.Module], bool]) -> None:
+    """Ask keeps_bits(model) (whether its passes' logits on one thread are those on torch's count) once, where its
+    passes may run on fewer threads: a CPU model, torch on more than one. TreeCachedModel asks as it starts, on a
+    machine not yet known to be busy (on a busy one each pass it compares would wait on descheduled workers)."""
+    if model.device.type != "cpu" or os.environ.get(VARIABLE) == "0" or torch.get_num_threads() == 1:
+        return
+    if getattr(_local, "checking", False):
+        return
+    with _lock, ungoverned():
+        if model in _keeps_bits:
+            return
+        _keeps_bits[model] = keeps_bits(model)
+        if not _keeps_bits[model]:
+            log.info("Passes of this model keep torch's thread count: its logits differ on one thread.")
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """What runs inside on one thread (the rule: the module's docstring), the count restored after."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def ungoverned() -> Iterator[None]:
+    """Passes inside run on the count they find, and count towards no window (keeps_bits's)."""
+    before = getattr(_local, "checking", False)
+    _local.checking = True
+    try:
+        yield
+    finally:
+        _local.checking = before

@@ -20,7 +20,7 @@ from specdemo.models.attention import query_rows_for, use_tree_attention
 from specdemo.models.graphs import DEVICE_WORK, wait
 from specdemo.models.layout import HOLE, PassPlan, RowRequest, TreeLayout
 from specdemo.models.packed import gemm_rows, pack, tree_passes
-from specdemo.models.threads import governed
+from specdemo.models.threads import check, governed, one_thread, ungoverned
 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 GROWTH = 1.5  # capacity grows by this factor (and never below what a pass needs), so rows rarely trigger a copy
@@ -137,21 +137,18 @@ class RowCache:
 
 
 def keeps_bits(model: PreTrainedModel) -> bool:
-    """Whether the model's tree passes give the same logits on one thread as on torch's count: a 20-token prompt, a
-    one-token step and a 4-token verify, each on a fresh cache (models/threads.py asks before a pass runs on fewer)."""
-    ids = [100 + 7 * i for i in range(25)]  # any tokens a vocabulary holds
-    requests = (
-        RowRequest(ids[:20], [], "tips"),
-        RowRequest(ids[:21], [], "tips"),
-        RowRequest(ids[:21], [ids[21:]], "all"),
-    )
+    """Whether the model's tree passes give the same logits on one thread as on torch's count: a 4-token prompt with a
+    3-token branch in one pass, then a one-token step, on a fresh cache (models/threads.py's `check`)."""
+    ids = [(100 + 7 * i) % model.config.vocab_size for i in range(8)]  # any tokens
+    requests = (RowRequest(ids[:4], [ids[4:7]], "all"), RowRequest(ids[:5], [], "tips"))
     most = torch.get_num_threads()
     logits = []
     for threads in (1, most):
         torch.set_num_threads(threads)
         try:
-            cache = TreeCachedModel(model)
-            logits.append([cache.logits({0: request})[0] for request in requests])
+            with ungoverned():
+                cache = TreeCachedModel(model)
+                logits.append([cache.logits({0: request})[0] for request in requests])
         finally:
             torch.set_num_threads(most)
     return all(torch.equal(one, all_) for one, all_ in zip(*logits, strict=True))
@@ -212,7 +209,8 @@ class CachedModel:
         """The eager rule's verdicts on the latest pass's logits (per row [W, K+1, V], in the order asked), each with
         the tokens the pass read for its row and its hidden state at the path's accepted position."""
         started = time.perf_counter()
-        decided = dict(zip(asked, decide_rows(list(asked.values()), logits), strict=True))
+        with one_thread():  # its bits whatever the thread count (models/threads.py)
+            decided = dict(zip(asked, decide_rows(list(asked.values()), logits), strict=True))
         for key, outcome in decided.items():
             if isinstance(outcome, RowVerdict):
                 path, accepted = outcome.path, outcome.num_accepted
@@ -234,6 +232,7 @@ class TreeCachedModel(CachedModel):
     def __init__(self, model: PreTrainedModel, hidden_layers: tuple[int, ...] = ()) -> None:
         super().__init__(model, hidden_layers)
         pack(model)  # its linears, for tree passes, once (models/packed.py)
+        check(model, keeps_bits)  # its passes' bits on fewer threads, once (models/threads.py)
         self.query_rows = query_rows_for(model, torch.promote_types(model.dtype, torch.float32))  # the cache's format
         self.layout = TreeLayout()
         self.cache = RowCache()
@@ -320,7 +319,7 @@ class TreeCachedModel(CachedModel):
             }
             self.cache.begin(plan, self.device)
             started = time.perf_counter()
-            with tree_passes(self.model), governed(self.model, keeps_bits):
+            with tree_passes(self.model), governed(self.model):
                 output = self.model(
                     input_ids=tokens.clamp(min=0),  # padding reads token 0 and is never attended to
                     position_ids=positions,

@@ -1,7 +1,7 @@
-"""Passes on fewer threads while the cores are crowded (models/threads.py): the governor drops a thread when its passes
-waited for a core, takes it back when they did not, after a wait that doubles when a climb is undone; only passes
-change their count, the rule keeps torch's; a pass's logits on one thread are those on two, and a model whose are not
-keeps torch's count; a sampled coupled run whose passes change their count writes the text of one that does not."""
+"""Fewer threads while the cores are crowded (models/threads.py): the governor drops a thread when its passes waited
+for a core, takes it back when they did not, after a wait that doubles when a climb is undone; the rule runs on one
+thread; a pass's logits on one thread are those on two, and a model whose are not keeps torch's count for its passes;
+a sampled coupled run whose passes change their count writes the text of one that does not."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from specdemo.engine.decoding import BatchDecoder
 from specdemo.engine.drafting import build_drafter
 from specdemo.models import threads, tree_cache
 from specdemo.models.threads import CROWDED, FIRST_WAIT, FREE, WINDOW_SECONDS, ThreadGovernor
-from specdemo.models.tree_cache import keeps_bits
+from specdemo.models.tree_cache import TreeCachedModel, keeps_bits
+from tests.helpers import tiny_model
 
 
 class Machine:
@@ -47,25 +48,24 @@ class Machine:
 
 
 @pytest.fixture
-def two_threads():
-    """Torch on two threads for the test (a test worker runs on one), as it was after."""
+def two_threads(monkeypatch):
+    """Torch on two threads for the test (a test worker runs on one), and no governor in this thread: both as they
+    were after."""
     before = torch.get_num_threads()
+    monkeypatch.setattr(threads._local, "governor", None, raising=False)
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
 
 
 def test_crowded_passes_drop_a_thread_and_free_ones_take_it_back_after_a_wait(two_threads):
-    """Planted: a climb without the wait after a drop (the first free run climbs), and the count not restored after a
-    pass (the rule's count, asserted after each run, is 1)."""
+    """Planted: a climb without the wait after a drop (the first free run climbs)."""
     machine = Machine()
     governor = ThreadGovernor(2, machine.wait, machine.clock)
     assert machine.run(governor, 2 * CROWDED, 2) == [2, 1]
-    assert torch.get_num_threads() == 2  # outside a pass: torch's count
     assert machine.run(governor, 0.0, 3) == [1, 1, 1]  # free, but within the wait after a drop
     machine.now += FIRST_WAIT
     assert machine.run(governor, 0.0, 2) == [1, 2]
-    assert torch.get_num_threads() == 2
 
 
 def test_a_thread_crowded_a_little_stays_where_it_is(two_threads):
@@ -102,6 +102,7 @@ def test_a_window_is_passes_time_and_one_thread_is_the_floor(two_threads):
     governor = ThreadGovernor(2, machine.wait, machine.clock)
     assert machine.run(governor, 1.0, first + 2) == [2] * first + [1, 1]
     assert machine.run(governor, 1.0, 20) == [1] * 20
+    torch.set_num_threads(2)
     unknown = ThreadGovernor(2, lambda: None, machine.clock)
     assert machine.run(unknown, 1.0, 8) == [2] * 8
 
@@ -126,9 +127,9 @@ def alternating(two_threads, monkeypatch):
     return threads._local
 
 
-def test_passes_change_their_count_and_the_rule_keeps_torchs(offline_bfloat16, alternating, monkeypatch):
+def test_passes_change_their_count_and_the_rule_runs_on_one_thread(offline_bfloat16, alternating, monkeypatch):
     """The coupled rule's text on passes that alternate between one thread and two is the text of passes on two, and
-    the rule always runs on two. Planted: the count not restored after a pass (the rule sees one thread)."""
+    the rule always runs on one. Planted: the rule on the thread's count (it sees two)."""
     model = offline_bfloat16.model
     counts: dict[str, list[int]] = {"pass": [], "rule": []}
     handle = model.register_forward_pre_hook(lambda *_: counts["pass"].append(torch.get_num_threads()))
@@ -147,7 +148,7 @@ def test_passes_change_their_count_and_the_rule_keeps_torchs(offline_bfloat16, a
         handle.remove()
     monkeypatch.setenv(threads.VARIABLE, "0")
     assert text(model, NoDrafter(), prompt, sampling, spec) == governed
-    assert set(counts["pass"]) == {1, 2} and set(counts["rule"]) == {2}
+    assert set(counts["pass"]) == {1, 2} and set(counts["rule"]) == {1}
 
 
 def text(model: torch.nn.Module, drafter, prompt: list[int], sampling: SamplingConfig, spec) -> list[int]:
@@ -176,8 +177,9 @@ def test_a_pass_on_one_thread_gives_the_logits_it_gets_on_two(invariant_model, t
 
 
 def test_a_model_whose_bits_differ_keeps_torchs_count(tiny_target, tiny_draft, two_threads, monkeypatch):
-    """Each model is asked once, before its first pass on fewer threads; one whose bits differ runs on torch's count,
-    beside one whose do not. Planted: the answer ignored (its passes run on one thread), and no question asked."""
+    """Each model is asked once; one whose bits differ, or that was never asked, runs its passes on torch's count beside
+    one whose do not. Planted: the answer ignored (its passes run on one thread), and a model not asked taken as one
+    that keeps its bits."""
     asked: list[torch.nn.Module] = []
     monkeypatch.setattr(threads, "_keeps_bits", weakref.WeakKeyDictionary())  # other tests' answers kept apart
     machine = Machine()
@@ -187,11 +189,31 @@ def test_a_model_whose_bits_differ_keeps_torchs_count(tiny_target, tiny_draft, t
         asked.append(model)
         return model is tiny_draft
 
+    for model in (tiny_target, tiny_draft, tiny_target):
+        threads.check(model, keeps)
+    never_asked = tiny_model(seed=3)
     seen = []
-    for model in (tiny_target, tiny_target, tiny_draft, tiny_target, tiny_draft):
-        with threads.governed(model, keeps):
+    for model in (tiny_target, tiny_target, tiny_draft, tiny_target, tiny_draft, never_asked):
+        with threads.governed(model):
             seen.append(torch.get_num_threads())
             machine.now += machine.seconds
             machine.waited += machine.seconds  # crowded: a drop after the first pass
-    assert seen == [2, 2, 1, 2, 1]
+    assert seen == [2, 2, 1, 2, 1, 2]
     assert asked == [tiny_target, tiny_draft]
+
+
+def test_a_model_is_checked_as_its_first_cache_starts_where_its_passes_may_drop(tiny_target, two_threads, monkeypatch):
+    """On two threads TreeCachedModel asks once; on one, or with the governor off, never."""
+    monkeypatch.setattr(threads, "_keeps_bits", weakref.WeakKeyDictionary())
+    asked = []
+    monkeypatch.setattr(tree_cache, "keeps_bits", lambda model: asked.append(model) or True)
+    TreeCachedModel(tiny_target)
+    TreeCachedModel(tiny_target)
+    assert asked == [tiny_target]
+    other = tiny_model(seed=4)
+    monkeypatch.setenv(threads.VARIABLE, "0")
+    TreeCachedModel(other)
+    monkeypatch.delenv(threads.VARIABLE)
+    torch.set_num_threads(1)
+    TreeCachedModel(other)
+    assert asked == [tiny_target]
