@@ -4,12 +4,10 @@ The public API: every name below keeps working whatever moves inside the package
 
 import os
 
-from specdemo.models import onednn, openmp
+from specdemo.models import onednn
 
 # Batch-invariant bfloat16 kernels on AMX CPUs unless the user chose, set before anything runs (models/onednn.py).
 os.environ.setdefault(onednn.VARIABLE, onednn.BATCH_INVARIANT)
-# OpenMP workers that sleep soon, so that a busy machine costs its share (models/openmp.py), unless the user chose.
-os.environ.setdefault(openmp.VARIABLE, openmp.SPIN_COUNT)
 
 from specdemo.bench.prompts import BenchPrompt, load_prompts
 from specdemo.bench.single import run_bench

@@ -1,10 +1,11 @@
 """How many threads a CPU decoding thread runs on: all of torch's while the cores are free, fewer while another process
 keeps them busy.
 
-A decoding thread's OpenMP workers spin a while between parallel regions (GOMP_SPINCOUNT, models/openmp.py), which is
-what makes an idle machine fast. Beside a process that keeps the cores busy, every region then waits on a worker the
-system has descheduled. One thread waits on nobody: on the AMD EPYC of docs/serving.md ("A busy machine"), the CLI's
-target-only decoding ran at 21 tokens/s on one thread beside a busy process, against 15 on two.
+A decoding thread's OpenMP workers spin between parallel regions (libgomp's GOMP_SPINCOUNT, 300,000 times unless set),
+which is what makes an idle machine fast: a one-token step of SmolLM2 runs over a hundred regions, and a worker that
+slept must be woken for each. On the AMD EPYC of docs/serving.md ("A busy machine"), the CLI's target-only decoding ran
+at 27 tokens/s at 2,000 spins and at 32 from 10,000 up. Beside a process that keeps the cores busy, every region waits
+on a worker the system has descheduled instead (3 tokens/s on two threads); one thread waits on nobody (21).
 
 So each thread that runs passes governs its OpenMP team (libgomp keeps a team's size per thread): it reads how long it
 waited for a core while its passes ran (the kernel's run-queue wait, /proc/thread-self/schedstat), and every
