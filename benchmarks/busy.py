@@ -6,7 +6,8 @@ OpenMP setting in turn, alternated. The busy process multiplies matrices on ever
 
 Settings: `specdemo` (the app's and the CLI's: libgomp's spinning, and threads that follow the cores' load,
 models/threads.py), `threads fixed` (SPECDEMO_ADAPTIVE_THREADS=0: torch's count throughout) and `spin 2000, threads
-fixed` (GOMP_SPINCOUNT=2000 as well: workers that sleep soon); `--spin-counts 20000 ...` adds others, threads fixed.
+fixed` (GOMP_SPINCOUNT=2000 as well: workers that sleep soon) and `one thread` (OMP_NUM_THREADS=1); `--spin-counts
+20000 ...` adds others, threads fixed.
 Reports tokens per second, medians, and busy ÷ idle."""
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from benchmarks.common import parser
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = {"SPECDEMO_ADAPTIVE_THREADS": "0"}
-SETTINGS = {"specdemo": {}, "threads fixed": FIXED, "spin 2000, threads fixed": {**FIXED, "GOMP_SPINCOUNT": "2000"}}
+SETTINGS = {
+    "specdemo": {},
+    "threads fixed": FIXED,
+    "spin 2000, threads fixed": {**FIXED, "GOMP_SPINCOUNT": "2000"},
+    "one thread": {**FIXED, "OMP_NUM_THREADS": "1"},
+}
 OURS = (
     "GOMP_SPINCOUNT",
     "OMP_WAIT_POLICY",

@@ -133,9 +133,9 @@ def check(model: torch.nn.Module, keeps_bits: Callable[[torch.nn.Module], bool])
     machine not yet known to be busy (on a busy one each pass it compares would wait on descheduled workers)."""
     if model.device.type != "cpu" or os.environ.get(VARIABLE) == "0" or torch.get_num_threads() == 1:
         return
-    if getattr(_local, "checking", False):
+    if getattr(_local, "checking", False):  # keeps_bits's own cache starting
         return
-    with _lock, ungoverned():
+    with _lock:
         if model in _keeps_bits:
             return
         _keeps_bits[model] = keeps_bits(model)
