@@ -5,7 +5,8 @@ A decoding thread's OpenMP workers spin between parallel regions (libgomp's GOMP
 which is what makes an idle machine fast: a one-token step of SmolLM2 runs over a hundred regions, and a worker that
 slept must be woken for each. On the AMD EPYC of docs/serving.md ("A busy machine"), the CLI's target-only decoding ran
 at 27 tokens/s at 2,000 spins and at 32 from 10,000 up. Beside a process that keeps the cores busy, every region waits
-on a worker the system has descheduled instead (3 tokens/s on two threads); one thread waits on nobody (21).
+on a worker the system has descheduled instead (3 tokens/s on two threads); one thread waits on nobody (21;
+`python -m benchmarks.busy`, docs/serving.md).
 
 So each thread that runs passes governs its OpenMP team (libgomp keeps a team's size per thread): it reads how long it
 waited for a core while its passes ran (the kernel's run-queue wait, /proc/thread-self/schedstat), and every
